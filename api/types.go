@@ -1,0 +1,262 @@
+package api
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// Backends a sandbox can run on.
+const (
+	BackendContainer = "container"
+	BackendFnCall    = "fncall"
+	BackendMicroVM   = "microvm"
+	BackendFullVM    = "fullvm"
+)
+
+// Sandbox states.
+const (
+	StateCreating = "creating"
+	StateRunning  = "running"
+	StatePaused   = "paused"
+	StateFailed   = "failed"
+	StateDeleted  = "deleted"
+	StateLost     = "lost" // its node stopped answering
+)
+
+// Network modes.
+const (
+	NetworkNone      = "none"
+	NetworkAllowlist = "allowlist"
+	NetworkOpen      = "open"
+)
+
+// Layer kinds, from the bottom of the stack to the top.
+const (
+	KindBase      = "base"
+	KindWorkspace = "workspace"
+	KindToolkit   = "toolkit"
+	KindSnapshot  = "snapshot" // made by pack_diff
+)
+
+// Encodings of stdout/stderr in exec results.
+const (
+	EncodingUTF8   = ""       // the default: the strings are the bytes
+	EncodingBase64 = "base64" // the bytes were not valid UTF-8
+)
+
+// LayerRefs names the layers of a sandbox's root filesystem. Each is a ref:
+// "name:tag" or "sha256:<hex digest>". Workspace and toolkit are optional.
+type LayerRefs struct {
+	Base      string `json:"base"`
+	Workspace string `json:"workspace,omitempty"`
+	Toolkit   string `json:"toolkit,omitempty"`
+}
+
+// Resources a sandbox asks for. Zero means the server's default.
+type Resources struct {
+	CPU      float64 `json:"cpu,omitempty"`       // cores; may be fractional
+	MemoryMB int64   `json:"memory_mb,omitempty"` // hard limit
+	DiskMB   int64   `json:"disk_mb,omitempty"`   // writable layer size
+	Pids     int64   `json:"pids,omitempty"`      // process limit
+}
+
+// Network is a sandbox's network policy. In JSON it is an object
+// {"mode": "allowlist", "allow": [...]} or just the mode as a string.
+type Network struct {
+	Mode  string   `json:"mode"`
+	Allow []string `json:"allow,omitempty"` // CIDRs or host:port
+}
+
+// UnmarshalJSON accepts both the object form and a bare mode string.
+func (n *Network) UnmarshalJSON(b []byte) error {
+	var mode string
+	if err := json.Unmarshal(b, &mode); err == nil {
+		*n = Network{Mode: mode}
+		return nil
+	}
+	type plain Network
+	var p plain
+	if err := json.Unmarshal(b, &p); err != nil {
+		return fmt.Errorf("network: want a mode string or {\"mode\", \"allow\"}: %w", err)
+	}
+	*n = Network(p)
+	return nil
+}
+
+// CreateSandboxRequest is the body of POST /v1/sandboxes and the spec of a
+// batch create.
+type CreateSandboxRequest struct {
+	Backend    string            `json:"backend,omitempty"`
+	Layers     *LayerRefs        `json:"layers,omitempty"`
+	Snapshot   string            `json:"snapshot,omitempty"`
+	Resources  Resources         `json:"resources,omitzero"`
+	Network    *Network          `json:"network,omitempty"`
+	Phase      string            `json:"phase,omitempty"`
+	TTLSeconds int64             `json:"ttl_seconds,omitempty"`
+	Labels     map[string]string `json:"labels,omitempty"`
+	Env        map[string]string `json:"env,omitempty"`
+}
+
+// Sandbox is a sandbox as the API shows it.
+type Sandbox struct {
+	ID        string            `json:"id"`
+	Backend   string            `json:"backend"`
+	State     string            `json:"state"`
+	Node      string            `json:"node,omitempty"`
+	Layers    LayerRefs         `json:"layers"`
+	Snapshot  string            `json:"snapshot,omitempty"`
+	Resources Resources         `json:"resources"`
+	Network   Network           `json:"network"`
+	Phase     string            `json:"phase,omitempty"`
+	Labels    map[string]string `json:"labels,omitempty"`
+	Env       map[string]string `json:"env,omitempty"`
+	Error     string            `json:"error,omitempty"` // why it failed
+	CreatedAt time.Time         `json:"created_at"`
+	ExpiresAt *time.Time        `json:"expires_at,omitempty"`
+}
+
+// SandboxList is one page of GET /v1/sandboxes.
+type SandboxList struct {
+	Sandboxes     []Sandbox `json:"sandboxes"`
+	NextPageToken string    `json:"next_page_token,omitempty"`
+}
+
+// Trajectory keys an exec into the trajectory log.
+type Trajectory struct {
+	ID   string `json:"id"`
+	Step int64  `json:"step"`
+}
+
+// ExecRequest is the body of POST /v1/sandboxes/{id}/exec. Exactly one of
+// Cmd and Shell is set.
+type ExecRequest struct {
+	Cmd            []string          `json:"cmd,omitempty"`
+	Shell          string            `json:"shell,omitempty"`
+	Env            map[string]string `json:"env,omitempty"`
+	Cwd            string            `json:"cwd,omitempty"`
+	Stdin          string            `json:"stdin,omitempty"`
+	StdinEncoding  string            `json:"stdin_encoding,omitempty"` // "" or "base64"
+	TimeoutMs      int64             `json:"timeout_ms,omitempty"`
+	MaxOutputBytes int64             `json:"max_output_bytes,omitempty"`
+	Trajectory     *Trajectory       `json:"trajectory,omitempty"`
+	Background     bool              `json:"background,omitempty"`
+}
+
+// ExecResult is the outcome of a command. Stdout and Stderr hold the bytes
+// as text, or as base64 when Encoding says so (when either stream was not
+// valid UTF-8). When the output went over the cap, the head and the tail are
+// kept and the bytes dropped in between are counted.
+type ExecResult struct {
+	ExitCode      int    `json:"exit_code"`
+	Signal        string `json:"signal,omitempty"` // e.g. "SIGKILL" when killed by a signal
+	Stdout        string `json:"stdout"`
+	Stderr        string `json:"stderr"`
+	Encoding      string `json:"encoding,omitempty"`
+	Truncated     bool   `json:"truncated"`
+	StdoutDropped int64  `json:"stdout_dropped,omitempty"`
+	StderrDropped int64  `json:"stderr_dropped,omitempty"`
+	TimedOut      bool   `json:"timed_out"`
+	DurationMs    int64  `json:"duration_ms"`
+	Replayed      bool   `json:"replayed"`
+	// Process is set for background execs: the handle to read and wait on.
+	Process *Process `json:"process,omitempty"`
+}
+
+// ExecEvent is one line of a streamed exec (Accept: application/x-ndjson).
+// Exactly one field is set; the last event is Exit or Error.
+type ExecEvent struct {
+	Stdout   *string     `json:"stdout,omitempty"`
+	Stderr   *string     `json:"stderr,omitempty"`
+	Encoding string      `json:"encoding,omitempty"` // of this chunk
+	Exit     *ExecResult `json:"exit,omitempty"`     // Stdout/Stderr empty
+	Error    *Error      `json:"error,omitempty"`
+}
+
+// Process is a background command inside a sandbox.
+type Process struct {
+	ID         string      `json:"id"`
+	Pid        int         `json:"pid"`
+	Running    bool        `json:"running"`
+	StartedAt  time.Time   `json:"started_at"`
+	ExitedAt   *time.Time  `json:"exited_at,omitempty"`
+	Result     *ExecResult `json:"result,omitempty"` // once exited
+	OutputSize int64       `json:"output_size"`      // bytes produced so far
+}
+
+// FileInfo is one entry of a directory listing (GET files?list=1).
+type FileInfo struct {
+	Name    string    `json:"name"`
+	Type    string    `json:"type"` // "file", "dir", "symlink", "other"
+	Size    int64     `json:"size"`
+	Mode    uint32    `json:"mode"` // permission bits
+	ModTime time.Time `json:"mod_time"`
+	Target  string    `json:"target,omitempty"` // of a symlink
+}
+
+// FileList is the body of a directory listing.
+type FileList struct {
+	Path    string     `json:"path"`
+	Entries []FileInfo `json:"entries"`
+}
+
+// Layer is a read-only filesystem layer.
+type Layer struct {
+	Ref       string    `json:"ref"` // name:tag
+	Name      string    `json:"name"`
+	Tag       string    `json:"tag"`
+	Digest    string    `json:"digest"` // sha256:<hex>
+	Kind      string    `json:"kind"`
+	Size      int64     `json:"size"`   // bytes of the image
+	Public    bool      `json:"public"` // visible to every tenant
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// LayerList is the body of GET /v1/layers.
+type LayerList struct {
+	Layers []Layer `json:"layers"`
+}
+
+// Tenant owns sandboxes, layers and keys.
+type Tenant struct {
+	ID        string    `json:"id"`
+	Name      string    `json:"name"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// CreateTenantRequest is the body of POST /v1/tenants.
+type CreateTenantRequest struct {
+	Name string `json:"name"`
+}
+
+// APIKey describes a key. Secret is only ever returned once, on creation.
+type APIKey struct {
+	ID        string    `json:"id"`
+	Tenant    string    `json:"tenant"`
+	Admin     bool      `json:"admin"`
+	Secret    string    `json:"secret,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// CreateKeyRequest is the body of POST /v1/tenants/{id}/keys.
+type CreateKeyRequest struct {
+	Admin bool `json:"admin,omitempty"`
+}
+
+// Node is a machine that runs sandboxes.
+type Node struct {
+	ID       string    `json:"id"`
+	Addr     string    `json:"addr"`
+	State    string    `json:"state"` // "up", "down", "draining"
+	Capacity Resources `json:"capacity"`
+	// Allocated is what placed sandboxes asked for.
+	Allocated Resources `json:"allocated"`
+	Sandboxes int       `json:"sandboxes"`
+	Backends  []string  `json:"backends"`
+	LastSeen  time.Time `json:"last_seen"`
+}
+
+// NodeList is the body of GET /v1/nodes.
+type NodeList struct {
+	Nodes []Node `json:"nodes"`
+}
