@@ -1,6 +1,7 @@
 package api
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"time"
@@ -259,4 +260,28 @@ type Node struct {
 // NodeList is the body of GET /v1/nodes.
 type NodeList struct {
 	Nodes []Node `json:"nodes"`
+}
+
+// StdoutBytes returns the stdout bytes, decoding base64 if needed.
+func (r *ExecResult) StdoutBytes() ([]byte, error) { return decodeOutput(r.Stdout, r.Encoding) }
+
+// StderrBytes returns the stderr bytes, decoding base64 if needed.
+func (r *ExecResult) StderrBytes() ([]byte, error) { return decodeOutput(r.Stderr, r.Encoding) }
+
+// Bytes returns the bytes of a stdout or stderr chunk.
+func (e *ExecEvent) Bytes() ([]byte, error) {
+	switch {
+	case e.Stdout != nil:
+		return decodeOutput(*e.Stdout, e.Encoding)
+	case e.Stderr != nil:
+		return decodeOutput(*e.Stderr, e.Encoding)
+	}
+	return nil, nil
+}
+
+func decodeOutput(s, encoding string) ([]byte, error) {
+	if encoding == EncodingBase64 {
+		return base64.StdEncoding.DecodeString(s)
+	}
+	return []byte(s), nil
 }

@@ -1,0 +1,168 @@
+// Command dsec is the one binary of dsec: the all-in-one server, a node
+// agent (edge), and the client CLI. Run `dsec help` for the commands.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"syscall"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/client"
+)
+
+const usage = `dsec — sandboxes for agentic RL at scale
+
+Server side:
+  dsec server [flags]            all-in-one: control plane + local edge + embedded store
+  dsec edge [flags]              a node agent serving the edge API over TCP
+
+Client side (DSEC_URL, DSEC_API_KEY or --url, --key):
+  dsec sandbox create|ls|get|rm|exec|cp|reset|pause|resume
+  dsec layer build|import|ls|get
+  dsec tenant create|ls
+  dsec key create|rm
+  dsec node ls
+  dsec bench create
+
+Run "dsec COMMAND -h" for a command's flags.
+`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:])
+	stop()
+	var ee exitError
+	switch {
+	case errors.As(err, &ee):
+		os.Exit(int(ee))
+	case errors.Is(err, flag.ErrHelp):
+		os.Exit(2)
+	case err != nil:
+		fmt.Fprintln(os.Stderr, "dsec:", err)
+		os.Exit(1)
+	}
+}
+
+// exitError carries a command's exit code out of `dsec sandbox exec`.
+type exitError int
+
+func (e exitError) Error() string { return fmt.Sprintf("exit status %d", int(e)) }
+
+func run(ctx context.Context, args []string) error {
+	if len(args) == 0 {
+		fmt.Fprint(os.Stderr, usage)
+		return flag.ErrHelp
+	}
+	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "server":
+		return serverCmd(ctx, rest)
+	case "edge":
+		return edgeCmd(ctx, rest)
+	case "sandbox", "sb":
+		return sandboxCmd(ctx, rest)
+	case "layer":
+		return layerCmd(ctx, rest)
+	case "tenant":
+		return tenantCmd(ctx, rest)
+	case "key":
+		return keyCmd(ctx, rest)
+	case "node":
+		return nodeCmd(ctx, rest)
+	case "bench":
+		return benchCmd(ctx, rest)
+	case "help", "-h", "--help":
+		fmt.Print(usage)
+		return nil
+	}
+	fmt.Fprint(os.Stderr, usage)
+	return fmt.Errorf("unknown command %q", cmd)
+}
+
+// clientFlags adds --url and --key to a flag set and returns a function
+// that builds the client once flags are parsed.
+func clientFlags(fs *flag.FlagSet) func() *client.Client {
+	url := fs.String("url", envOr("DSEC_URL", "http://127.0.0.1:7070"), "server URL ($DSEC_URL)")
+	key := fs.String("key", os.Getenv("DSEC_API_KEY"), "API key ($DSEC_API_KEY); default: the admin key in ./.dsec or /var/lib/dsec")
+	return func() *client.Client {
+		k := *key
+		if k == "" {
+			k = localAdminKey()
+		}
+		return client.New(*url, k)
+	}
+}
+
+// localAdminKey reads the all-in-one server's admin key when the CLI runs
+// on the same machine, so that a newcomer's first commands just work.
+func localAdminKey() string {
+	for _, p := range []string{".dsec/admin.key", "/var/lib/dsec/admin.key"} {
+		if b, err := os.ReadFile(p); err == nil {
+			return strings.TrimSpace(string(b))
+		}
+	}
+	return ""
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+// parseArgs parses flags that may come before or between positional
+// arguments; everything after a "--" is returned as rest, untouched.
+func parseArgs(fs *flag.FlagSet, args []string) (pos, rest []string, err error) {
+	if i := slices.Index(args, "--"); i >= 0 {
+		args, rest = args[:i], args[i+1:]
+	}
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, nil, err
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return pos, rest, nil
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+}
+
+// stringList is a repeatable flag.
+type stringList []string
+
+func (s *stringList) String() string     { return strings.Join(*s, ",") }
+func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
+
+// keyValues parses k=v flags into a map.
+func keyValues(list []string, what string) (map[string]string, error) {
+	if len(list) == 0 {
+		return nil, nil
+	}
+	m := map[string]string{}
+	for _, kv := range list {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("%s %q: want KEY=VALUE", what, kv)
+		}
+		m[k] = v
+	}
+	return m, nil
+}
+
+func printErrorCode(err error) error {
+	var ae *api.Error
+	if errors.As(err, &ae) {
+		return fmt.Errorf("%s (%s)", ae.Message, ae.Code)
+	}
+	return err
+}

@@ -1,0 +1,274 @@
+package main
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/client"
+)
+
+func sandboxCmd(ctx context.Context, args []string) error {
+	if len(args) == 0 {
+		return errors.New("usage: dsec sandbox create|ls|get|rm|exec|cp|reset|pause|resume")
+	}
+	sub, args := args[0], args[1:]
+	fs := flag.NewFlagSet("dsec sandbox "+sub, flag.ContinueOnError)
+	newClient := clientFlags(fs)
+	switch sub {
+	case "create":
+		return sandboxCreate(ctx, fs, newClient, args)
+	case "ls", "list":
+		return sandboxList(ctx, fs, newClient, args)
+	case "get":
+		return withIDs(ctx, fs, newClient, args, 1, func(c *client.Client, id string) error {
+			sb, err := c.GetSandbox(ctx, id)
+			if err != nil {
+				return err
+			}
+			return printJSON(sb)
+		})
+	case "rm", "delete":
+		return withIDs(ctx, fs, newClient, args, -1, func(c *client.Client, id string) error {
+			return c.DeleteSandbox(ctx, id)
+		})
+	case "reset", "pause", "resume":
+		return withIDs(ctx, fs, newClient, args, -1, func(c *client.Client, id string) error {
+			var err error
+			switch sub {
+			case "reset":
+				_, err = c.Reset(ctx, id)
+			case "pause":
+				_, err = c.Pause(ctx, id)
+			default:
+				_, err = c.Resume(ctx, id)
+			}
+			return err
+		})
+	case "exec":
+		return sandboxExec(ctx, fs, newClient, args)
+	case "cp":
+		return sandboxCopy(ctx, fs, newClient, args)
+	}
+	return fmt.Errorf("unknown command: dsec sandbox %s", sub)
+}
+
+// withIDs parses flags and runs fn for each id argument (n ids exactly, or
+// at least one when n < 0).
+func withIDs(ctx context.Context, fs *flag.FlagSet, newClient func() *client.Client, args []string,
+	n int, fn func(*client.Client, string) error) error {
+	ids, _, err := parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(ids) == 0 || (n > 0 && len(ids) != n) {
+		return fmt.Errorf("usage: %s ID", fs.Name())
+	}
+	c := newClient()
+	for _, id := range ids {
+		if err := fn(c, id); err != nil {
+			return printErrorCode(err)
+		}
+	}
+	return nil
+}
+
+func sandboxCreate(ctx context.Context, fs *flag.FlagSet, newClient func() *client.Client, args []string) error {
+	req := api.CreateSandboxRequest{Layers: &api.LayerRefs{}}
+	var labels, env stringList
+	fs.StringVar(&req.Backend, "backend", "", "container (default), fncall, microvm, fullvm")
+	fs.StringVar(&req.Layers.Base, "base", "base:minimal", "base layer ref")
+	fs.StringVar(&req.Layers.Workspace, "workspace", "", "workspace layer ref")
+	fs.StringVar(&req.Layers.Toolkit, "toolkit", "", "toolkit layer ref")
+	fs.Float64Var(&req.Resources.CPU, "cpu", 0, "CPU cores")
+	fs.Int64Var(&req.Resources.MemoryMB, "memory", 0, "memory limit, MB")
+	fs.Int64Var(&req.Resources.DiskMB, "disk", 0, "writable layer size, MB")
+	fs.Int64Var(&req.Resources.Pids, "pids", 0, "process limit")
+	ttl := fs.Duration("ttl", 0, "lifetime (default: the server's)")
+	fs.Var(&labels, "label", "KEY=VALUE label (repeatable)")
+	fs.Var(&env, "env", "KEY=VALUE environment variable (repeatable)")
+	jsonOut := fs.Bool("json", false, "print the whole sandbox as JSON instead of its id")
+	if _, _, err := parseArgs(fs, args); err != nil {
+		return err
+	}
+	req.TTLSeconds = int64(ttl.Seconds())
+	var err error
+	if req.Labels, err = keyValues(labels, "label"); err != nil {
+		return err
+	}
+	if req.Env, err = keyValues(env, "env"); err != nil {
+		return err
+	}
+	sb, err := newClient().CreateSandbox(ctx, &req)
+	if err != nil {
+		return printErrorCode(err)
+	}
+	if *jsonOut {
+		return printJSON(sb)
+	}
+	fmt.Println(sb.ID)
+	return nil
+}
+
+func sandboxList(ctx context.Context, fs *flag.FlagSet, newClient func() *client.Client, args []string) error {
+	var labels stringList
+	fs.Var(&labels, "label", "KEY=VALUE filter (repeatable)")
+	all := fs.Bool("all", false, "include deleted and failed sandboxes")
+	quiet := fs.Bool("q", false, "print ids only")
+	if _, _, err := parseArgs(fs, args); err != nil {
+		return err
+	}
+	lm, err := keyValues(labels, "label")
+	if err != nil {
+		return err
+	}
+	c := newClient()
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	if !*quiet {
+		fmt.Fprintln(tw, "ID\tBACKEND\tSTATE\tNODE\tBASE\tCREATED")
+	}
+	opts := client.ListOptions{Labels: lm, All: *all, Limit: 1000}
+	for {
+		page, err := c.ListSandboxes(ctx, opts)
+		if err != nil {
+			return printErrorCode(err)
+		}
+		for _, sb := range page.Sandboxes {
+			if *quiet {
+				fmt.Fprintln(tw, sb.ID)
+				continue
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", sb.ID, sb.Backend, sb.State, sb.Node, sb.Layers.Base,
+				sb.CreatedAt.Local().Format(time.DateTime))
+		}
+		if page.NextPageToken == "" {
+			break
+		}
+		opts.PageToken = page.NextPageToken
+	}
+	return tw.Flush()
+}
+
+// sandboxExec runs a command, streaming its output through, and exits
+// with the command's exit code.
+func sandboxExec(ctx context.Context, fs *flag.FlagSet, newClient func() *client.Client, args []string) error {
+	var env stringList
+	shell := fs.String("shell", "", "run this string with /bin/sh -c instead of CMD...")
+	cwd := fs.String("cwd", "", "working directory")
+	timeout := fs.Duration("timeout", 0, "kill the command after this long (default: the server's)")
+	stdin := fs.Bool("i", false, "send this program's stdin to the command")
+	fs.Var(&env, "env", "KEY=VALUE (repeatable)")
+	pos, cmd, err := parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 || (len(cmd) == 0) == (*shell == "") {
+		return errors.New("usage: dsec sandbox exec [flags] ID -- CMD [ARGS...]  (or --shell STRING)")
+	}
+	req := api.ExecRequest{Cmd: cmd, Shell: *shell, Cwd: *cwd, TimeoutMs: timeout.Milliseconds()}
+	if req.Env, err = keyValues(env, "env"); err != nil {
+		return err
+	}
+	if *stdin {
+		b, err := io.ReadAll(os.Stdin)
+		if err != nil {
+			return err
+		}
+		req.Stdin, req.StdinEncoding = base64.StdEncoding.EncodeToString(b), "base64"
+	}
+	res, err := newClient().ExecStream(ctx, pos[0], &req, func(ev api.ExecEvent) error {
+		b, err := ev.Bytes()
+		if err != nil {
+			return err
+		}
+		if ev.Stderr != nil {
+			_, err = os.Stderr.Write(b)
+		} else {
+			_, err = os.Stdout.Write(b)
+		}
+		return err
+	})
+	if err != nil {
+		return printErrorCode(err)
+	}
+	if res.Truncated {
+		fmt.Fprintf(os.Stderr, "dsec: output truncated (%d stdout and %d stderr bytes dropped)\n",
+			res.StdoutDropped, res.StderrDropped)
+	}
+	if res.TimedOut {
+		fmt.Fprintln(os.Stderr, "dsec: command timed out")
+	}
+	if res.ExitCode != 0 {
+		return exitError(res.ExitCode)
+	}
+	return nil
+}
+
+// sandboxCopy copies a file into or out of a sandbox: ID:/path to a local
+// path ("-" for stdout), or a local path ("-" for stdin) to ID:/path.
+func sandboxCopy(ctx context.Context, fs *flag.FlagSet, newClient func() *client.Client, args []string) error {
+	pos, _, err := parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 2 {
+		return errors.New("usage: dsec sandbox cp SRC DST   (one of them ID:/path; - for stdin/stdout)")
+	}
+	c := newClient()
+	srcID, srcPath, srcRemote := remotePath(pos[0])
+	dstID, dstPath, dstRemote := remotePath(pos[1])
+	switch {
+	case srcRemote && !dstRemote:
+		rc, err := c.OpenFile(ctx, srcID, srcPath)
+		if err != nil {
+			return printErrorCode(err)
+		}
+		defer rc.Close()
+		var w io.Writer = os.Stdout
+		if pos[1] != "-" {
+			f, err := os.Create(pos[1])
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			w = f
+		}
+		_, err = io.Copy(w, rc)
+		return err
+	case dstRemote && !srcRemote:
+		var r io.Reader = os.Stdin
+		if pos[0] != "-" {
+			f, err := os.Open(pos[0])
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			r = f
+		}
+		return printErrorCode(c.WriteFile(ctx, dstID, dstPath, r, 0))
+	}
+	return errors.New("exactly one of SRC and DST must be ID:/path")
+}
+
+func remotePath(s string) (id, path string, ok bool) {
+	id, path, ok = strings.Cut(s, ":")
+	if !ok || !strings.HasPrefix(path, "/") || id == "" {
+		return "", "", false
+	}
+	return id, path, true
+}
+
+func printJSON(v any) error {
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}

@@ -1,0 +1,213 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"time"
+
+	"github.com/dsec-project/dsec/internal/backend"
+	"github.com/dsec-project/dsec/internal/backend/container"
+	"github.com/dsec-project/dsec/internal/edge"
+	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/server"
+	"github.com/dsec-project/dsec/internal/store/sqlite"
+)
+
+// nodeFlags are what `dsec server` and `dsec edge` share: how this node
+// runs sandboxes.
+type nodeFlags struct {
+	nodeID string
+	agent  string
+	runc   string
+	debug  bool
+}
+
+func (n *nodeFlags) register(fs *flag.FlagSet) {
+	host, _ := os.Hostname()
+	fs.StringVar(&n.nodeID, "node-id", host, "this node's name")
+	fs.StringVar(&n.agent, "agent", "", "dsec-agent binary (default: next to dsec, then $PATH)")
+	fs.StringVar(&n.runc, "runc", "runc", "runc binary")
+	fs.BoolVar(&n.debug, "debug", false, "debug logging")
+}
+
+func (n *nodeFlags) logger() *slog.Logger {
+	lvl := slog.LevelInfo
+	if n.debug {
+		lvl = slog.LevelDebug
+	}
+	l := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+	slog.SetDefault(l)
+	return l
+}
+
+// agentBinary finds dsec-agent: the flag, next to this binary, on $PATH.
+func (n *nodeFlags) agentBinary() (string, error) {
+	if n.agent != "" {
+		return filepath.Abs(n.agent)
+	}
+	if self, err := os.Executable(); err == nil {
+		p := filepath.Join(filepath.Dir(self), "dsec-agent")
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+	}
+	if p, err := exec.LookPath("dsec-agent"); err == nil {
+		return p, nil
+	}
+	return "", errors.New("cannot find the dsec-agent binary: build it (make build) or pass --agent")
+}
+
+// startEdge builds this node's backends and edge over the layer store.
+func (n *nodeFlags) startEdge(ctx context.Context, dataDir string, layers edge.Layers, log *slog.Logger) (*edge.Edge, func(), error) {
+	agent, err := n.agentBinary()
+	if err != nil {
+		return nil, nil, err
+	}
+	cb, err := container.New(container.Config{
+		Root: filepath.Join(dataDir, "container"), Runc: n.runc, AgentPath: agent, Logger: log,
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	e, err := edge.New(ctx, edge.Config{
+		NodeID: n.nodeID, Backends: []backend.Backend{cb}, Layers: layers, Logger: log,
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return e, func() { cb.Close() }, nil
+}
+
+func serverCmd(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("dsec server", flag.ContinueOnError)
+	listen := fs.String("listen", "127.0.0.1:7070", "API address")
+	data := fs.String("data", defaultDataDir(), "data directory")
+	busybox := fs.String("busybox", "/bin/busybox", "static busybox for the default base layer base:minimal (\"\" to skip)")
+	var nf nodeFlags
+	nf.register(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if os.Geteuid() != 0 {
+		return errors.New("dsec server runs sandboxes and must run as root")
+	}
+	log := nf.logger()
+	dataDir, err := filepath.Abs(*data)
+	if err != nil {
+		return err
+	}
+	for _, d := range []string{dataDir, filepath.Join(dataDir, "tmp"), filepath.Join(dataDir, "edge")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return err
+		}
+	}
+	st, err := sqlite.Open(ctx, filepath.Join(dataDir, "dsec.db"))
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	if _, err := server.Bootstrap(ctx, st, filepath.Join(dataDir, "admin.key")); err != nil {
+		return err
+	}
+	layers, err := layer.NewLocalStore(filepath.Join(dataDir, "layers"))
+	if err != nil {
+		return err
+	}
+
+	// The local edge serves its API on a unix socket only root can reach;
+	// the control plane talks to it exactly as to a remote node.
+	e, closeEdge, err := nf.startEdge(ctx, filepath.Join(dataDir, "edge"), edge.LocalLayers{Store: layers}, log)
+	if err != nil {
+		return err
+	}
+	defer closeEdge()
+	edgeSock := filepath.Join(dataDir, "edge.sock")
+	os.Remove(edgeSock)
+	el, err := net.Listen("unix", edgeSock)
+	if err != nil {
+		return err
+	}
+	edgeSrv := &http.Server{Handler: e.Handler(""), ReadHeaderTimeout: 10 * time.Second}
+	go edgeSrv.Serve(el)
+	defer edgeSrv.Close()
+
+	srv := server.New(server.Config{
+		Store: st, Layers: layers, TmpDir: filepath.Join(dataDir, "tmp"), Logger: log,
+	})
+	if err := srv.AddNode(ctx, "unix://"+edgeSock, ""); err != nil {
+		return err
+	}
+	if *busybox != "" {
+		if err := srv.EnsureDefaultBase(ctx, *busybox); err != nil {
+			return fmt.Errorf("default base layer: %w", err)
+		}
+	}
+	go srv.Run(ctx)
+	return serveHTTP(ctx, *listen, srv.Handler(), log, "dsec server ready", "data", dataDir,
+		"admin_key", filepath.Join(dataDir, "admin.key"))
+}
+
+func edgeCmd(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("dsec edge", flag.ContinueOnError)
+	listen := fs.String("listen", "127.0.0.1:7071", "edge API address")
+	data := fs.String("data", "/var/lib/dsec-edge", "node-local data directory")
+	storeDir := fs.String("store", "", "layer store directory shared with the control plane (a POSIX mount)")
+	token := fs.String("token", os.Getenv("DSEC_EDGE_TOKEN"), "bearer token the control plane must send ($DSEC_EDGE_TOKEN)")
+	var nf nodeFlags
+	nf.register(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *storeDir == "" || *token == "" {
+		return errors.New("dsec edge needs --store and --token")
+	}
+	log := nf.logger()
+	layers, err := layer.NewLocalStore(*storeDir)
+	if err != nil {
+		return err
+	}
+	e, closeEdge, err := nf.startEdge(ctx, *data, edge.LocalLayers{Store: layers}, log)
+	if err != nil {
+		return err
+	}
+	defer closeEdge()
+	return serveHTTP(ctx, *listen, e.Handler(*token), log, "dsec edge ready", "node", nf.nodeID)
+}
+
+// serveHTTP serves h on addr until ctx ends, then shuts down gracefully.
+// Sandboxes are never stopped by a shutdown.
+func serveHTTP(ctx context.Context, addr string, h http.Handler, log *slog.Logger, msg string, attrs ...any) error {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(l) }()
+	log.Info(msg, append([]any{"addr", l.Addr().String()}, attrs...)...)
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	log.Info("shutting down; sandboxes keep running")
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	srv.Shutdown(sctx)
+	return nil
+}
+
+func defaultDataDir() string {
+	if v := os.Getenv("DSEC_DATA"); v != "" {
+		return v
+	}
+	return ".dsec"
+}

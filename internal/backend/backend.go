@@ -1,0 +1,64 @@
+// Package backend defines what a node needs from a sandbox runtime: create
+// a sandbox from layer images, reach its agent, reset, pause, destroy, and
+// find its sandboxes again after a restart. Implementations live in
+// sub-packages (container: runc; later microvm) and all pass the behaviour
+// suite in backendtest. A backend must never touch the control plane's
+// state, and must leave nothing behind (mount, cgroup, process, socket,
+// directory) when a create fails half-way or a sandbox is destroyed.
+package backend
+
+import (
+	"context"
+	"net"
+
+	"github.com/dsec-project/dsec/api"
+)
+
+// Backend runs sandboxes of one kind on this node. All methods are safe for
+// concurrent use on different sandboxes; the caller serializes operations
+// on one sandbox.
+type Backend interface {
+	// Name is the api.Backend* value this backend serves.
+	Name() string
+	// Create builds and starts a sandbox. When it returns nil the agent
+	// accepts connections. On error nothing of the sandbox is left.
+	Create(ctx context.Context, spec Spec) error
+	// Destroy stops the sandbox and removes everything of it. It is
+	// idempotent: destroying an unknown sandbox succeeds.
+	Destroy(ctx context.Context, id string) error
+	// Reset kills every process and discards every change, bringing the
+	// sandbox back to the clean state of its layers, in place.
+	Reset(ctx context.Context, id string) error
+	// Pause freezes every process of the sandbox; Resume thaws them.
+	Pause(ctx context.Context, id string) error
+	Resume(ctx context.Context, id string) error
+	// Dial opens a connection to the sandbox's agent.
+	Dial(ctx context.Context, id string) (net.Conn, error)
+	// State reports the sandbox's runtime state: api.StateRunning,
+	// api.StatePaused, or api.StateFailed if its init died.
+	State(ctx context.Context, id string) (string, error)
+	// Recover finds the sandboxes this backend left on the node (after an
+	// edge restart), repairs what it can (restarting a sandbox whose init
+	// died, over its kept writable layer), cleans up what was half made,
+	// and returns the specs of the sandboxes that are usable.
+	Recover(ctx context.Context) ([]Spec, error)
+}
+
+// Spec is everything a backend needs to build a sandbox.
+type Spec struct {
+	ID      string `json:"id"`
+	Backend string `json:"backend"`
+	// Layers are the read-only layers, bottom (base) first.
+	Layers    []Layer           `json:"layers"`
+	Resources api.Resources     `json:"resources"`
+	Network   api.Network       `json:"network"`
+	Env       map[string]string `json:"env,omitempty"`
+	Phase     string            `json:"phase,omitempty"`
+}
+
+// Layer is one read-only layer image available on this node.
+type Layer struct {
+	Digest string `json:"digest"`
+	// Path is the EROFS image file on this node.
+	Path string `json:"path"`
+}

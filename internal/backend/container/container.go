@@ -1,0 +1,448 @@
+// Package container is the container backend: each sandbox is an OCI
+// container run by runc, with dsec-agent as its init, on an overlay of the
+// sandbox's EROFS layers (each mounted once per node) and a writable upper
+// directory on node-local disk. The agent is reached through a unix socket
+// the backend creates and hands to the container as an inherited file
+// descriptor, so the socket has no path inside any sandbox.
+//
+// Containers are detached from the edge (own session, reparented to the
+// host's init): killing the edge never kills a sandbox, and Recover finds
+// them again. This package must never raise rlimits and never start a
+// container without seccomp, a trimmed capability set and
+// noNewPrivileges.
+package container
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/backend"
+	"github.com/dsec-project/dsec/internal/errdefs"
+	"github.com/dsec-project/dsec/internal/mount"
+)
+
+// Config configures the backend.
+type Config struct {
+	// Root is the backend's state directory on node-local disk.
+	Root string
+	// Runc is the runc binary; "runc" by default.
+	Runc string
+	// AgentPath is the dsec-agent binary to run as every sandbox's init.
+	AgentPath string
+	// CgroupParent is the cgroup under which sandboxes' cgroups are made;
+	// "dsec" by default.
+	CgroupParent string
+	Logger       *slog.Logger
+}
+
+// Backend is the runc container backend.
+type Backend struct {
+	cfg     Config
+	runc    runc
+	layers  *mount.Layers
+	runtime string // the lowest lower layer: the agent and mount points
+	log     *slog.Logger
+	trash   sync.WaitGroup // background removals of discarded upper dirs
+	trashN  atomic.Int64
+
+	mu        sync.Mutex
+	sandboxes map[string]*record
+}
+
+// record is what the backend keeps of a sandbox, in memory and in
+// <dir>/sandbox.json. The file is written when the sandbox is complete: a
+// directory without it is a create that did not finish.
+type record struct {
+	Spec backend.Spec `json:"spec"`
+	// Lowers are the overlay's lower dirs, top first: the layers' mount
+	// points from the toolkit down to the base, then the runtime layer.
+	Lowers []string `json:"lowers"`
+	// acquired says the layer references are held (in memory only).
+	acquired bool
+}
+
+var _ backend.Backend = (*Backend)(nil)
+
+// New prepares the backend's directories and runtime layer.
+func New(cfg Config) (*Backend, error) {
+	if cfg.Runc == "" {
+		cfg.Runc = "runc"
+	}
+	if cfg.CgroupParent == "" {
+		cfg.CgroupParent = "dsec"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	for _, d := range []string{"sandboxes", "layers", "runc", "runtime"} {
+		if err := os.MkdirAll(filepath.Join(cfg.Root, d), 0o700); err != nil {
+			return nil, fmt.Errorf("container backend: %w", err)
+		}
+	}
+	layers, err := mount.NewLayers(filepath.Join(cfg.Root, "layers"))
+	if err != nil {
+		return nil, fmt.Errorf("container backend: %w", err)
+	}
+	b := &Backend{
+		cfg:       cfg,
+		runc:      runc{bin: cfg.Runc, root: filepath.Join(cfg.Root, "runc")},
+		layers:    layers,
+		log:       cfg.Logger.With("backend", api.BackendContainer),
+		sandboxes: map[string]*record{},
+	}
+	rt, err := b.makeRuntime()
+	if err != nil {
+		return nil, err
+	}
+	b.runtime = rt
+	return b, nil
+}
+
+// Name implements backend.Backend.
+func (b *Backend) Name() string { return api.BackendContainer }
+
+// makeRuntime lays out the runtime layer: a directory that sits under the
+// base layer and provides the agent binary and the mount points runc
+// needs, so that nothing is ever written into a sandbox's upper dir by
+// dsec itself. It is named by the agent's hash, so sandboxes started with
+// an older agent keep theirs.
+func (b *Backend) makeRuntime() (string, error) {
+	f, err := os.Open(b.cfg.AgentPath)
+	if err != nil {
+		return "", fmt.Errorf("agent binary: %w", err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", fmt.Errorf("hash agent binary: %w", err)
+	}
+	dir := filepath.Join(b.cfg.Root, "runtime", hex.EncodeToString(h.Sum(nil))[:16])
+	if _, err := os.Stat(dir); err == nil {
+		return dir, nil
+	}
+	tmp, err := os.MkdirTemp(filepath.Join(b.cfg.Root, "runtime"), ".tmp-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(tmp)
+	for _, d := range []string{".dsec", "proc", "sys", "dev", "etc", "root", "tmp", "run"} {
+		if err := os.MkdirAll(filepath.Join(tmp, d), 0o755); err != nil {
+			return "", err
+		}
+	}
+	if err := os.Chmod(filepath.Join(tmp, "tmp"), 0o1777|os.ModeSticky); err != nil {
+		return "", err
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return "", err
+	}
+	dst, err := os.OpenFile(filepath.Join(tmp, agentPath), os.O_CREATE|os.O_WRONLY|os.O_EXCL, 0o755)
+	if err != nil {
+		return "", err
+	}
+	if _, err := io.Copy(dst, f); err != nil {
+		dst.Close()
+		return "", err
+	}
+	if err := dst.Close(); err != nil {
+		return "", err
+	}
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		return "", err
+	}
+	if err := os.Rename(tmp, dir); err != nil && !errors.Is(err, os.ErrExist) {
+		return "", fmt.Errorf("install runtime layer: %w", err)
+	}
+	return dir, nil
+}
+
+func (b *Backend) dir(id string) string { return filepath.Join(b.cfg.Root, "sandboxes", id) }
+
+// Create implements backend.Backend.
+func (b *Backend) Create(ctx context.Context, spec backend.Spec) (err error) {
+	if spec.ID == "" || filepath.Base(spec.ID) != spec.ID || len(spec.Layers) == 0 {
+		return errdefs.Invalid("sandbox spec needs an id and at least one layer")
+	}
+	dir := b.dir(spec.ID)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("sandbox %s: %w", spec.ID, errdefs.ErrAlreadyExists)
+		}
+		return fmt.Errorf("create sandbox %s: %w", spec.ID, err)
+	}
+	rec := &record{Spec: spec}
+	defer func() {
+		if err != nil {
+			b.teardown(context.WithoutCancel(ctx), spec.ID, rec)
+		}
+	}()
+	if err := b.acquire(ctx, rec); err != nil {
+		return err
+	}
+	if err := b.start(ctx, rec); err != nil {
+		return err
+	}
+	if err := writeJSON(filepath.Join(dir, "sandbox.json"), rec); err != nil {
+		return fmt.Errorf("create sandbox %s: %w", spec.ID, err)
+	}
+	b.mu.Lock()
+	b.sandboxes[spec.ID] = rec
+	b.mu.Unlock()
+	return nil
+}
+
+// acquire takes a reference on each of the sandbox's layers and sets its
+// lower dirs.
+func (b *Backend) acquire(ctx context.Context, rec *record) error {
+	lowers := []string{b.runtime}
+	for i, l := range rec.Spec.Layers {
+		mp, err := b.layers.Acquire(ctx, l.Digest, l.Path)
+		if err != nil {
+			for _, prev := range rec.Spec.Layers[:i] {
+				b.layers.Release(prev.Digest)
+			}
+			return fmt.Errorf("sandbox %s: mount layer %s: %w", rec.Spec.ID, l.Digest, err)
+		}
+		lowers = append([]string{mp}, lowers...)
+	}
+	if rec.Lowers == nil {
+		rec.Lowers = lowers
+	}
+	rec.acquired = true
+	return nil
+}
+
+func (b *Backend) release(rec *record) {
+	if !rec.acquired {
+		return
+	}
+	for _, l := range rec.Spec.Layers {
+		if err := b.layers.Release(l.Digest); err != nil {
+			b.log.Warn("release layer", "sandbox", rec.Spec.ID, "layer", l.Digest, "err", err)
+		}
+	}
+	rec.acquired = false
+}
+
+// start mounts the sandbox's overlay and starts its container. The layers
+// must be acquired. On error it undoes what it did.
+func (b *Backend) start(ctx context.Context, rec *record) (err error) {
+	id := rec.Spec.ID
+	dir := b.dir(id)
+	rootfs := filepath.Join(dir, "rootfs")
+	for _, d := range []string{"upper", "work", "rootfs"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			return fmt.Errorf("start sandbox %s: %w", id, err)
+		}
+	}
+	if err := mount.Overlay(rec.Lowers, filepath.Join(dir, "upper"), filepath.Join(dir, "work"), rootfs); err != nil {
+		return fmt.Errorf("start sandbox %s: %w", id, err)
+	}
+	defer func() {
+		if err != nil {
+			mount.Unmount(rootfs)
+		}
+	}()
+	spec, err := ociSpec(rec.Spec, rootfs, "/"+b.cfg.CgroupParent+"/"+id)
+	if err != nil {
+		return err
+	}
+	if err := writeJSON(filepath.Join(dir, "config.json"), spec); err != nil {
+		return fmt.Errorf("start sandbox %s: %w", id, err)
+	}
+	listener, err := listen(filepath.Join(dir, "agent.sock"))
+	if err != nil {
+		return fmt.Errorf("start sandbox %s: %w", id, err)
+	}
+	defer listener.Close()
+	logf, err := os.OpenFile(filepath.Join(dir, "agent.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("start sandbox %s: %w", id, err)
+	}
+	defer logf.Close()
+	if err := b.runc.run(ctx, id, dir, listener, logf); err != nil {
+		b.runc.delete(context.WithoutCancel(ctx), id)
+		return err
+	}
+	return nil
+}
+
+// listen creates the agent's listening socket and returns it as a file to
+// hand to the container. The socket file stays after we close our copy.
+func listen(path string) (*os.File, error) {
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("agent socket: %w", err)
+	}
+	l.SetUnlinkOnClose(false)
+	f, err := l.File()
+	l.Close()
+	if err != nil {
+		return nil, fmt.Errorf("agent socket: %w", err)
+	}
+	return f, nil
+}
+
+// teardown removes everything of a sandbox, tolerating what is already
+// gone. It is the single cleanup path for failed creates and destroys.
+func (b *Backend) teardown(ctx context.Context, id string, rec *record) error {
+	dir := b.dir(id)
+	var errs []error
+	if err := b.runc.delete(ctx, id); err != nil {
+		errs = append(errs, err)
+	}
+	if err := mount.Unmount(filepath.Join(dir, "rootfs")); err != nil {
+		errs = append(errs, err)
+	}
+	if rec != nil {
+		b.release(rec)
+	}
+	if len(errs) == 0 {
+		if err := os.RemoveAll(dir); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("destroy sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+// Destroy implements backend.Backend.
+func (b *Backend) Destroy(ctx context.Context, id string) error {
+	b.mu.Lock()
+	rec := b.sandboxes[id]
+	delete(b.sandboxes, id)
+	b.mu.Unlock()
+	if err := b.teardown(ctx, id, rec); err != nil {
+		if rec != nil {
+			b.mu.Lock()
+			b.sandboxes[id] = rec // keep it so a retry releases the layers
+			b.mu.Unlock()
+		}
+		return err
+	}
+	return nil
+}
+
+func (b *Backend) get(id string) (*record, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	rec, ok := b.sandboxes[id]
+	if !ok {
+		return nil, errdefs.NotFound("sandbox %s", id)
+	}
+	return rec, nil
+}
+
+// Reset implements backend.Backend: the container is stopped, its upper
+// dir thrown away (removed in the background), and a new container started
+// over the same, still-mounted layers.
+func (b *Backend) Reset(ctx context.Context, id string) error {
+	rec, err := b.get(id)
+	if err != nil {
+		return err
+	}
+	dir := b.dir(id)
+	if err := b.runc.delete(ctx, id); err != nil {
+		return fmt.Errorf("reset sandbox %s: %w", id, err)
+	}
+	if err := mount.Unmount(filepath.Join(dir, "rootfs")); err != nil {
+		return fmt.Errorf("reset sandbox %s: %w", id, err)
+	}
+	for _, d := range []string{"upper", "work"} {
+		trash := filepath.Join(dir, fmt.Sprintf("trash-%d", b.trashN.Add(1)))
+		if err := os.Rename(filepath.Join(dir, d), trash); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("reset sandbox %s: %w", id, err)
+		}
+		b.trash.Add(1)
+		go func() {
+			defer b.trash.Done()
+			os.RemoveAll(trash)
+		}()
+	}
+	if err := b.start(ctx, rec); err != nil {
+		return fmt.Errorf("reset sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+// Pause implements backend.Backend.
+func (b *Backend) Pause(ctx context.Context, id string) error {
+	if _, err := b.get(id); err != nil {
+		return err
+	}
+	return b.runc.pause(ctx, id)
+}
+
+// Resume implements backend.Backend.
+func (b *Backend) Resume(ctx context.Context, id string) error {
+	if _, err := b.get(id); err != nil {
+		return err
+	}
+	return b.runc.resume(ctx, id)
+}
+
+// Dial implements backend.Backend.
+func (b *Backend) Dial(ctx context.Context, id string) (net.Conn, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", filepath.Join(b.dir(id), "agent.sock"))
+	if err != nil {
+		return nil, fmt.Errorf("dial agent of %s: %w: %w", id, err, errdefs.ErrUnavailable)
+	}
+	return c, nil
+}
+
+// State implements backend.Backend.
+func (b *Backend) State(ctx context.Context, id string) (string, error) {
+	if _, err := b.get(id); err != nil {
+		return "", err
+	}
+	st, err := b.runc.state(ctx, id)
+	if err != nil {
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return api.StateFailed, nil
+		}
+		return "", err
+	}
+	switch st.Status {
+	case "running":
+		return api.StateRunning, nil
+	case "paused":
+		return api.StatePaused, nil
+	}
+	return api.StateFailed, nil
+}
+
+// Close waits for background removals.
+func (b *Backend) Close() error {
+	b.trash.Wait()
+	return nil
+}
+
+func writeJSON(path string, v any) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}

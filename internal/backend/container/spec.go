@@ -1,0 +1,120 @@
+package container
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+
+	"github.com/moby/profiles/seccomp"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/backend"
+)
+
+// agentPath is where the agent binary appears inside every sandbox, from
+// the runtime layer under the base.
+const agentPath = "/.dsec/dsec-agent"
+
+// defaultCaps is Docker's default capability set.
+var defaultCaps = []string{
+	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD",
+	"CAP_NET_RAW", "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP",
+	"CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
+}
+
+// runc's defaults: paths masked or made read-only in /proc and /sys.
+var (
+	maskedPaths = []string{
+		"/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
+		"/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/sys/firmware",
+		"/proc/scsi", "/sys/devices/virtual/powercap",
+	}
+	readonlyPaths = []string{
+		"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger",
+	}
+)
+
+// ociVersion is the runtime-spec version runc 1.1 (Debian 12) speaks; the
+// fields we use are all in it.
+const ociVersion = "1.0.2"
+
+const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// ociSpec is the runtime spec of a sandbox's container.
+func ociSpec(sb backend.Spec, rootfs, cgroupsPath string) (*specs.Spec, error) {
+	env := map[string]string{"PATH": defaultPath, "HOME": "/root", "TERM": "xterm", "DSEC_SANDBOX_ID": sb.ID}
+	maps.Copy(env, sb.Env)
+	envList := make([]string, 0, len(env))
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		envList = append(envList, k+"="+env[k])
+	}
+
+	s := &specs.Spec{
+		Version:  ociVersion,
+		Hostname: sb.ID,
+		Root:     &specs.Root{Path: rootfs},
+		Process: &specs.Process{
+			Args: []string{agentPath, "--listen-fd", "3"},
+			Env:  envList,
+			Cwd:  "/",
+			User: specs.User{UID: 0, GID: 0},
+			Capabilities: &specs.LinuxCapabilities{
+				Bounding:  defaultCaps,
+				Effective: defaultCaps,
+				Permitted: defaultCaps,
+			},
+			NoNewPrivileges: true,
+			// No Rlimits: raising them is not permitted on every host, and
+			// the ones inherited are sane.
+		},
+		Mounts: []specs.Mount{
+			{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
+			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+			{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}},
+			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
+			{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
+			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+			{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev", "relatime", "ro"}},
+		},
+		Linux: &specs.Linux{
+			CgroupsPath: cgroupsPath,
+			Resources:   resources(sb.Resources),
+			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace}, {Type: specs.NetworkNamespace}, {Type: specs.IPCNamespace},
+				{Type: specs.UTSNamespace}, {Type: specs.MountNamespace}, {Type: specs.CgroupNamespace},
+			},
+			MaskedPaths:   maskedPaths,
+			ReadonlyPaths: readonlyPaths,
+		},
+	}
+	sc, err := seccomp.GetDefaultProfile(s)
+	if err != nil {
+		return nil, fmt.Errorf("seccomp profile: %w", err)
+	}
+	s.Linux.Seccomp = sc
+	return s, nil
+}
+
+// resources maps what the sandbox asked for onto cgroup limits.
+func resources(r api.Resources) *specs.LinuxResources {
+	deny := false
+	out := &specs.LinuxResources{
+		Devices: []specs.LinuxDeviceCgroup{{Allow: deny, Access: "rwm"}},
+	}
+	if r.MemoryMB > 0 {
+		limit := r.MemoryMB << 20
+		out.Memory = &specs.LinuxMemory{Limit: &limit, Swap: &limit}
+	}
+	if r.CPU > 0 {
+		period := uint64(100000)
+		quota := int64(r.CPU * float64(period))
+		shares := uint64(r.CPU * 1024)
+		out.CPU = &specs.LinuxCPU{Period: &period, Quota: &quota, Shares: &shares}
+	}
+	if r.Pids > 0 {
+		limit := r.Pids
+		out.Pids = &specs.LinuxPids{Limit: &limit}
+	}
+	return out
+}

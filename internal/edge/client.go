@@ -1,0 +1,166 @@
+package edge
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"strings"
+	"time"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/errdefs"
+	"github.com/dsec-project/dsec/internal/httpapi"
+)
+
+// Client calls an edge's HTTP API. It is what the control plane holds for
+// each node.
+type Client struct {
+	base  string // http://host:port, or http://edge for a unix socket
+	token string
+	hc    *http.Client
+	proxy *httputil.ReverseProxy
+}
+
+// NewClient returns a client for the edge at addr: "unix:///path/edge.sock"
+// or "http://host:port".
+func NewClient(addr, token string) (*Client, error) {
+	tr := &http.Transport{
+		MaxIdleConns:        256,
+		MaxIdleConnsPerHost: 256,
+		IdleConnTimeout:     90 * time.Second,
+	}
+	base := addr
+	switch {
+	case strings.HasPrefix(addr, "unix://"):
+		path := strings.TrimPrefix(addr, "unix://")
+		tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", path)
+		}
+		base = "http://edge"
+	case strings.HasPrefix(addr, "http://"), strings.HasPrefix(addr, "https://"):
+	default:
+		return nil, errdefs.Invalid("edge address %q: want unix:///path or http://host:port", addr)
+	}
+	c := &Client{base: strings.TrimSuffix(base, "/"), token: token, hc: &http.Client{Transport: tr}}
+	c.proxy = &httputil.ReverseProxy{
+		Transport:     tr,
+		FlushInterval: -1,
+		Rewrite:       func(*httputil.ProxyRequest) {}, // set per request in ProxyAgent
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			httpapi.WriteJSON(w, http.StatusServiceUnavailable, api.ErrorResponse{Error: &api.Error{
+				Code: api.CodeUnavailable, Message: "node unreachable: " + err.Error(),
+			}})
+		},
+	}
+	return c, nil
+}
+
+func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
+	if err != nil {
+		return err
+	}
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("edge %s %s: %w: %w", method, path, err, errdefs.ErrUnavailable)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		return httpapi.ReadError(resp)
+	}
+	if out == nil {
+		io.Copy(io.Discard, resp.Body)
+		return nil
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("edge %s %s: decode: %w", method, path, err)
+	}
+	return nil
+}
+
+// Info describes the node.
+func (c *Client) Info(ctx context.Context) (NodeInfo, error) {
+	var n NodeInfo
+	return n, c.do(ctx, http.MethodGet, "/v1/node", nil, &n)
+}
+
+// List reports the node's sandboxes.
+func (c *Client) List(ctx context.Context) ([]Status, error) {
+	var out []Status
+	return out, c.do(ctx, http.MethodGet, "/v1/sandboxes", nil, &out)
+}
+
+// Create builds a sandbox on the node.
+func (c *Client) Create(ctx context.Context, req CreateRequest) (Status, error) {
+	var st Status
+	return st, c.do(ctx, http.MethodPost, "/v1/sandboxes", req, &st)
+}
+
+// Get reports a sandbox's state.
+func (c *Client) Get(ctx context.Context, id string) (Status, error) {
+	var st Status
+	return st, c.do(ctx, http.MethodGet, "/v1/sandboxes/"+id, nil, &st)
+}
+
+// Destroy removes a sandbox; destroying an unknown one succeeds.
+func (c *Client) Destroy(ctx context.Context, id string) error {
+	return c.do(ctx, http.MethodDelete, "/v1/sandboxes/"+id, nil, nil)
+}
+
+// Reset, Pause and Resume run a lifecycle operation.
+func (c *Client) Reset(ctx context.Context, id string) error  { return c.op(ctx, id, "reset") }
+func (c *Client) Pause(ctx context.Context, id string) error  { return c.op(ctx, id, "pause") }
+func (c *Client) Resume(ctx context.Context, id string) error { return c.op(ctx, id, "resume") }
+
+func (c *Client) op(ctx context.Context, id, op string) error {
+	return c.do(ctx, http.MethodPost, "/v1/sandboxes/"+id+"/"+op, nil, nil)
+}
+
+// ProxyAgent forwards r to the sandbox's agent at path (e.g. "/exec"),
+// keeping its query, body and streaming.
+func (c *Client) ProxyAgent(w http.ResponseWriter, r *http.Request, id, path string) {
+	r2 := r.Clone(r.Context())
+	target := c.base + "/v1/sandboxes/" + id + "/agent" + path
+	rp := *c.proxy
+	rp.Rewrite = func(pr *httputil.ProxyRequest) {
+		u := *pr.Out.URL
+		t, _ := http.NewRequest(http.MethodGet, target, nil)
+		u.Scheme, u.Host, u.Path, u.RawPath = t.URL.Scheme, t.URL.Host, t.URL.Path, ""
+		pr.Out.URL = &u
+		pr.Out.Host = t.URL.Host
+		pr.Out.Header.Del("Authorization")
+		if c.token != "" {
+			pr.Out.Header.Set("Authorization", "Bearer "+c.token)
+		}
+	}
+	rp.ServeHTTP(w, r2)
+}
+
+// Exec runs a command in a sandbox and waits for its result.
+func (c *Client) Exec(ctx context.Context, id string, req *api.ExecRequest) (*api.ExecResult, error) {
+	var res api.ExecResult
+	if err := c.do(ctx, http.MethodPost, "/v1/sandboxes/"+id+"/agent/exec", req, &res); err != nil {
+		return nil, err
+	}
+	return &res, nil
+}

@@ -1,0 +1,294 @@
+// Package edge is the node agent: it builds sandboxes with a backend from
+// layer images it fetches by digest, keeps track of them, reaches their
+// in-sandbox agents, and serves all of that over the edge HTTP API that the
+// control plane calls (see Handler and Client). On start it recovers the
+// sandboxes its backends left on the node. The edge must never decide
+// placement, tenancy or lifetimes: the control plane does, and tells it.
+package edge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net"
+	"runtime"
+	"slices"
+	"sync"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/agent"
+	"github.com/dsec-project/dsec/internal/backend"
+	"github.com/dsec-project/dsec/internal/errdefs"
+)
+
+// Layers finds layer images on this node, fetching them if needed.
+type Layers interface {
+	// Fetch returns the path of the EROFS image with the digest.
+	Fetch(ctx context.Context, digest string) (string, error)
+}
+
+// Config configures an edge.
+type Config struct {
+	// NodeID names this node to the control plane.
+	NodeID   string
+	Backends []backend.Backend
+	Layers   Layers
+	// Capacity is what this node offers; zero fields are measured.
+	Capacity api.Resources
+	Logger   *slog.Logger
+}
+
+// Edge manages the sandboxes of one node.
+type Edge struct {
+	cfg      Config
+	backends map[string]backend.Backend
+	log      *slog.Logger
+
+	mu        sync.Mutex
+	sandboxes map[string]*sandbox
+}
+
+// sandbox is the edge's handle on one sandbox.
+type sandbox struct {
+	spec    backend.Spec
+	backend backend.Backend
+	agent   *agent.Client
+
+	// op serializes lifecycle operations (reset, pause, destroy) on it.
+	op sync.Mutex
+}
+
+// CreateRequest is the body of the edge's POST /v1/sandboxes.
+type CreateRequest struct {
+	ID      string `json:"id"`
+	Backend string `json:"backend"`
+	// Layers are digests, base first.
+	Layers    []string          `json:"layers"`
+	Resources api.Resources     `json:"resources"`
+	Network   api.Network       `json:"network"`
+	Env       map[string]string `json:"env,omitempty"`
+	Phase     string            `json:"phase,omitempty"`
+}
+
+// Status is a sandbox as the edge sees it.
+type Status struct {
+	ID      string `json:"id"`
+	Backend string `json:"backend"`
+	State   string `json:"state"`
+}
+
+// NodeInfo describes the node.
+type NodeInfo struct {
+	ID        string        `json:"id"`
+	Capacity  api.Resources `json:"capacity"`
+	Backends  []string      `json:"backends"`
+	Sandboxes int           `json:"sandboxes"`
+}
+
+// New creates an edge and recovers the sandboxes its backends already run.
+func New(ctx context.Context, cfg Config) (*Edge, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	e := &Edge{
+		cfg:       cfg,
+		backends:  map[string]backend.Backend{},
+		log:       cfg.Logger.With("node", cfg.NodeID),
+		sandboxes: map[string]*sandbox{},
+	}
+	for _, b := range cfg.Backends {
+		e.backends[b.Name()] = b
+	}
+	if e.cfg.Capacity.CPU == 0 {
+		e.cfg.Capacity.CPU = float64(runtime.NumCPU())
+	}
+	if e.cfg.Capacity.MemoryMB == 0 {
+		e.cfg.Capacity.MemoryMB = allocatableMemoryMB()
+	}
+	for _, b := range cfg.Backends {
+		specs, err := b.Recover(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("recover %s sandboxes: %w", b.Name(), err)
+		}
+		for _, s := range specs {
+			e.sandboxes[s.ID] = e.newSandbox(s, b)
+		}
+		if len(specs) > 0 {
+			e.log.Info("recovered sandboxes", "backend", b.Name(), "count", len(specs))
+		}
+	}
+	return e, nil
+}
+
+func (e *Edge) newSandbox(spec backend.Spec, b backend.Backend) *sandbox {
+	id := spec.ID
+	return &sandbox{
+		spec:    spec,
+		backend: b,
+		agent:   agent.NewClient(func(ctx context.Context) (net.Conn, error) { return b.Dial(ctx, id) }),
+	}
+}
+
+// Info describes the node.
+func (e *Edge) Info() NodeInfo {
+	e.mu.Lock()
+	n := len(e.sandboxes)
+	e.mu.Unlock()
+	return NodeInfo{
+		ID:        e.cfg.NodeID,
+		Capacity:  e.cfg.Capacity,
+		Backends:  slices.Sorted(maps.Keys(e.backends)),
+		Sandboxes: n,
+	}
+}
+
+// Create builds a sandbox.
+func (e *Edge) Create(ctx context.Context, req CreateRequest) (Status, error) {
+	b, ok := e.backends[req.Backend]
+	if !ok {
+		return Status{}, errdefs.Invalid("backend %q is not offered by node %s", req.Backend, e.cfg.NodeID)
+	}
+	spec := backend.Spec{
+		ID: req.ID, Backend: req.Backend, Resources: req.Resources,
+		Network: req.Network, Env: req.Env, Phase: req.Phase,
+	}
+	for _, d := range req.Layers {
+		p, err := e.cfg.Layers.Fetch(ctx, d)
+		if err != nil {
+			return Status{}, fmt.Errorf("fetch layer %s: %w", d, err)
+		}
+		spec.Layers = append(spec.Layers, backend.Layer{Digest: d, Path: p})
+	}
+	sb := e.newSandbox(spec, b)
+	sb.op.Lock()
+	defer sb.op.Unlock()
+	e.mu.Lock()
+	if _, dup := e.sandboxes[req.ID]; dup {
+		e.mu.Unlock()
+		return Status{}, fmt.Errorf("sandbox %s: %w", req.ID, errdefs.ErrAlreadyExists)
+	}
+	e.sandboxes[req.ID] = sb
+	e.mu.Unlock()
+
+	if err := b.Create(ctx, spec); err != nil {
+		e.mu.Lock()
+		delete(e.sandboxes, req.ID)
+		e.mu.Unlock()
+		return Status{}, err
+	}
+	e.log.Debug("created sandbox", "sandbox", req.ID, "backend", req.Backend)
+	return Status{ID: req.ID, Backend: req.Backend, State: api.StateRunning}, nil
+}
+
+func (e *Edge) get(id string) (*sandbox, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	sb, ok := e.sandboxes[id]
+	if !ok {
+		return nil, errdefs.NotFound("sandbox %s", id)
+	}
+	return sb, nil
+}
+
+// Get reports a sandbox's state.
+func (e *Edge) Get(ctx context.Context, id string) (Status, error) {
+	sb, err := e.get(id)
+	if err != nil {
+		return Status{}, err
+	}
+	st, err := sb.backend.State(ctx, id)
+	if err != nil {
+		return Status{}, err
+	}
+	return Status{ID: id, Backend: sb.spec.Backend, State: st}, nil
+}
+
+// List reports every sandbox on the node (without asking the backends).
+func (e *Edge) List() []Status {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := make([]Status, 0, len(e.sandboxes))
+	for id, sb := range e.sandboxes {
+		out = append(out, Status{ID: id, Backend: sb.spec.Backend, State: api.StateRunning})
+	}
+	slices.SortFunc(out, func(a, b Status) int { return cmpString(a.ID, b.ID) })
+	return out
+}
+
+func cmpString(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// Destroy removes a sandbox. Destroying an unknown sandbox succeeds.
+func (e *Edge) Destroy(ctx context.Context, id string) error {
+	sb, err := e.get(id)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return nil
+	}
+	sb.op.Lock()
+	defer sb.op.Unlock()
+	sb.agent.Close()
+	if err := sb.backend.Destroy(ctx, id); err != nil {
+		return err
+	}
+	e.mu.Lock()
+	if e.sandboxes[id] == sb {
+		delete(e.sandboxes, id)
+	}
+	e.mu.Unlock()
+	return nil
+}
+
+// Reset brings a sandbox back to the clean state of its layers.
+func (e *Edge) Reset(ctx context.Context, id string) error {
+	return e.lifecycle(ctx, id, func(sb *sandbox) error {
+		sb.agent.Close() // connections to the old agent are dead
+		return sb.backend.Reset(ctx, id)
+	})
+}
+
+// Pause freezes a sandbox.
+func (e *Edge) Pause(ctx context.Context, id string) error {
+	return e.lifecycle(ctx, id, func(sb *sandbox) error { return sb.backend.Pause(ctx, id) })
+}
+
+// Resume thaws a sandbox.
+func (e *Edge) Resume(ctx context.Context, id string) error {
+	return e.lifecycle(ctx, id, func(sb *sandbox) error { return sb.backend.Resume(ctx, id) })
+}
+
+func (e *Edge) lifecycle(ctx context.Context, id string, op func(*sandbox) error) error {
+	sb, err := e.get(id)
+	if err != nil {
+		return err
+	}
+	sb.op.Lock()
+	defer sb.op.Unlock()
+	return op(sb)
+}
+
+// Agent returns the client of a sandbox's agent.
+func (e *Edge) Agent(id string) (*agent.Client, error) {
+	sb, err := e.get(id)
+	if err != nil {
+		return nil, err
+	}
+	return sb.agent, nil
+}
+
+// LocalLayers finds layer images in a layer.LocalStore on this node's disk:
+// the all-in-one server's store, or a store shared over a POSIX mount.
+type LocalLayers struct{ Store interface{ Path(digest string) (string, error) } }
+
+// Fetch implements Layers.
+func (l LocalLayers) Fetch(_ context.Context, digest string) (string, error) {
+	return l.Store.Path(digest)
+}

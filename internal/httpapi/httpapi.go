@@ -1,0 +1,80 @@
+// Package httpapi is what dsec's HTTP servers and clients share at the wire:
+// writing and reading JSON bodies and {"error": ...} responses, mapping
+// error classes to status codes and back. It must stay free of any
+// component's logic.
+package httpapi
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/errdefs"
+)
+
+// MaxJSONBody bounds JSON request bodies.
+const MaxJSONBody = 4 << 20
+
+// WriteJSON writes v with a status.
+func WriteJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	enc.Encode(v)
+}
+
+// WriteError writes err as {"error": {"code", "message"}} with the status
+// of its class. Internal errors are logged and their detail kept out of the
+// response unless they carry a class.
+func WriteError(w http.ResponseWriter, r *http.Request, err error) {
+	code := errdefs.Code(err)
+	msg := err.Error()
+	if code == api.CodeInternal {
+		slog.Error("internal error", "method", r.Method, "path", r.URL.Path, "err", err)
+	}
+	WriteJSON(w, api.HTTPStatus(code), api.ErrorResponse{Error: &api.Error{Code: code, Message: msg}})
+}
+
+// DecodeJSON reads a JSON body into v, rejecting unknown fields, trailing
+// data and bodies over MaxJSONBody, with errors of class ErrInvalid or
+// ErrTooLarge.
+func DecodeJSON(r *http.Request, v any) error {
+	body := http.MaxBytesReader(nil, r.Body, MaxJSONBody)
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return fmt.Errorf("request body over %d bytes: %w", MaxJSONBody, errdefs.ErrTooLarge)
+		}
+		if errors.Is(err, io.EOF) {
+			return errdefs.Invalid("empty request body")
+		}
+		return errdefs.Invalid("malformed JSON body: %v", err)
+	}
+	if dec.More() {
+		return errdefs.Invalid("malformed JSON body: trailing data")
+	}
+	return nil
+}
+
+// ReadError turns a non-2xx response into an error that matches its class
+// with errors.Is and carries the server's message.
+func ReadError(resp *http.Response) error {
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	var er api.ErrorResponse
+	if json.Unmarshal(b, &er) == nil && er.Error != nil && er.Error.Code != "" {
+		return errdefs.FromAPI(er.Error)
+	}
+	msg := string(bytes.TrimSpace(b))
+	if msg == "" {
+		msg = resp.Status
+	}
+	return errdefs.FromAPI(&api.Error{Code: api.CodeForStatus(resp.StatusCode), Message: msg})
+}

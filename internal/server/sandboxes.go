@@ -1,0 +1,463 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/edge"
+	"github.com/dsec-project/dsec/internal/errdefs"
+	"github.com/dsec-project/dsec/internal/httpapi"
+	"github.com/dsec-project/dsec/internal/scheduler"
+	"github.com/dsec-project/dsec/internal/store"
+)
+
+// createTimeout bounds how long the control plane waits for a node to
+// build a sandbox. Creates run detached from the client's request so that
+// a disconnect never leaves a half-made sandbox.
+const createTimeout = 2 * time.Minute
+
+var (
+	labelKeyRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$`)
+	envKeyRE   = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+)
+
+// plan is a validated create request: what to place and what to build.
+type plan struct {
+	req     api.CreateSandboxRequest
+	digests []string // base first
+}
+
+// validate checks a create request, fills defaults and resolves layers.
+func (s *Server) validate(ctx context.Context, tenant string, req api.CreateSandboxRequest) (plan, error) {
+	if req.Backend == "" {
+		req.Backend = api.BackendContainer
+	}
+	switch req.Backend {
+	case api.BackendContainer, api.BackendFnCall, api.BackendMicroVM, api.BackendFullVM:
+	default:
+		return plan{}, errdefs.Invalid("unknown backend %q (want container, fncall, microvm or fullvm)", req.Backend)
+	}
+	if !s.nodes.backends()[req.Backend] {
+		return plan{}, errdefs.Invalid("backend %q is not offered by any node of this cluster", req.Backend)
+	}
+	if req.Snapshot != "" {
+		return plan{}, errdefs.Invalid("creating from a snapshot is not supported by this server yet")
+	}
+	if req.Layers == nil || req.Layers.Base == "" {
+		return plan{}, errdefs.Invalid("layers.base is required")
+	}
+	var digests []string
+	for _, l := range []struct{ ref, kind string }{
+		{req.Layers.Base, api.KindBase}, {req.Layers.Workspace, api.KindWorkspace}, {req.Layers.Toolkit, api.KindToolkit},
+	} {
+		if l.ref == "" {
+			continue
+		}
+		lay, err := s.resolveLayer(ctx, tenant, l.ref)
+		if err != nil {
+			return plan{}, err
+		}
+		if lay.Kind != l.kind {
+			return plan{}, errdefs.Invalid("layer %s is a %s layer, not a %s layer", l.ref, lay.Kind, l.kind)
+		}
+		digests = append(digests, lay.Digest)
+	}
+	if err := s.fillResources(&req.Resources); err != nil {
+		return plan{}, err
+	}
+	if req.Network == nil {
+		req.Network = &api.Network{Mode: api.NetworkNone}
+	}
+	switch req.Network.Mode {
+	case "", api.NetworkNone:
+		req.Network.Mode = api.NetworkNone
+		if len(req.Network.Allow) > 0 {
+			return plan{}, errdefs.Invalid("network.allow needs mode allowlist")
+		}
+	case api.NetworkAllowlist, api.NetworkOpen:
+		return plan{}, errdefs.Invalid("network mode %q is not supported by this server yet; only none", req.Network.Mode)
+	default:
+		return plan{}, errdefs.Invalid("unknown network mode %q (want none, allowlist or open)", req.Network.Mode)
+	}
+	if req.Phase != "" {
+		return plan{}, errdefs.Invalid("policy phases are not supported by this server yet")
+	}
+	if req.TTLSeconds < 0 {
+		return plan{}, errdefs.Invalid("ttl_seconds must not be negative")
+	}
+	if time.Duration(req.TTLSeconds)*time.Second > s.cfg.MaxTTL {
+		return plan{}, errdefs.Invalid("ttl_seconds over the maximum of %d", int64(s.cfg.MaxTTL.Seconds()))
+	}
+	if len(req.Labels) > 64 {
+		return plan{}, errdefs.Invalid("at most 64 labels")
+	}
+	for k, v := range req.Labels {
+		if !labelKeyRE.MatchString(k) || len(v) > 256 {
+			return plan{}, errdefs.Invalid("bad label %q: keys are [A-Za-z0-9._/-], up to 63 chars; values up to 256", k)
+		}
+	}
+	for k, v := range req.Env {
+		if !envKeyRE.MatchString(k) || strings.ContainsRune(v, 0) {
+			return plan{}, errdefs.Invalid("bad environment variable %q", k)
+		}
+	}
+	return plan{req: req, digests: digests}, nil
+}
+
+func (s *Server) fillResources(r *api.Resources) error {
+	d := s.cfg.Defaults
+	if r.CPU == 0 {
+		r.CPU = d.CPU
+	}
+	if r.MemoryMB == 0 {
+		r.MemoryMB = d.MemoryMB
+	}
+	if r.DiskMB == 0 {
+		r.DiskMB = d.DiskMB
+	}
+	if r.Pids == 0 {
+		r.Pids = d.Pids
+	}
+	switch {
+	case r.CPU < 0.01 || r.CPU > 256:
+		return errdefs.Invalid("resources.cpu must be between 0.01 and 256")
+	case r.MemoryMB < 16:
+		return errdefs.Invalid("resources.memory_mb must be at least 16")
+	case r.DiskMB < 16:
+		return errdefs.Invalid("resources.disk_mb must be at least 16")
+	case r.Pids < 16 || r.Pids > 1<<22:
+		return errdefs.Invalid("resources.pids must be between 16 and %d", 1<<22)
+	}
+	return nil
+}
+
+// create places and builds one sandbox and records it. It is the one path
+// every create takes.
+func (s *Server) create(ctx context.Context, tenant string, p plan) (store.Sandbox, error) {
+	start := time.Now()
+	req := p.req
+	nodeID, err := s.sched.Reserve(scheduler.Request{Backend: req.Backend, Resources: req.Resources})
+	if err != nil {
+		s.metrics.creates.WithLabelValues(req.Backend, errdefs.Code(err)).Inc()
+		return store.Sandbox{}, err
+	}
+	now := time.Now().UTC()
+	ttl := time.Duration(req.TTLSeconds) * time.Second
+	if ttl == 0 {
+		ttl = s.cfg.DefaultTTL
+	}
+	expires := now.Add(ttl)
+	sb := store.Sandbox{
+		API: api.Sandbox{
+			ID: "sb-" + randomID(10), Backend: req.Backend, State: api.StateCreating, Node: nodeID,
+			Layers: *req.Layers, Resources: req.Resources, Network: *req.Network, Phase: req.Phase,
+			Labels: req.Labels, Env: req.Env, CreatedAt: now, ExpiresAt: &expires,
+		},
+		Tenant: tenant, LayerDigests: p.digests, LastActive: now,
+	}
+	fail := func(err error) (store.Sandbox, error) {
+		s.sched.Release(nodeID, req.Resources)
+		s.metrics.creates.WithLabelValues(req.Backend, errdefs.Code(err)).Inc()
+		return store.Sandbox{}, err
+	}
+	if err := s.store.CreateSandbox(ctx, &sb); err != nil {
+		return fail(err)
+	}
+	n, err := s.nodes.get(nodeID)
+	if err == nil {
+		_, err = n.client.Create(ctx, edge.CreateRequest{
+			ID: sb.API.ID, Backend: req.Backend, Layers: p.digests, Resources: req.Resources,
+			Network: *req.Network, Env: req.Env, Phase: req.Phase,
+		})
+	}
+	if err != nil {
+		s.log.Warn("create failed", "sandbox", sb.API.ID, "node", nodeID, "tenant", tenant, "err", err)
+		sb.API.State, sb.API.Error, sb.DeletedAt = api.StateFailed, err.Error(), &now
+		if uerr := s.store.UpdateSandbox(context.WithoutCancel(ctx), &sb); uerr != nil {
+			s.log.Error("record failed create", "sandbox", sb.API.ID, "err", uerr)
+		}
+		return fail(err)
+	}
+	sb.API.State = api.StateRunning
+	if err := s.store.UpdateSandbox(ctx, &sb); err != nil {
+		// The node has it but we could not record it: undo, or it leaks.
+		n.client.Destroy(context.WithoutCancel(ctx), sb.API.ID)
+		return fail(err)
+	}
+	s.metrics.creates.WithLabelValues(req.Backend, "ok").Inc()
+	s.metrics.createDur.Observe(time.Since(start).Seconds())
+	return sb, nil
+}
+
+func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
+	var req api.CreateSandboxRequest
+	if err := httpapi.DecodeJSON(r, &req); err != nil {
+		return err
+	}
+	tenant := principalFrom(r.Context()).Tenant
+	p, err := s.validate(r.Context(), tenant, req)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), createTimeout)
+	defer cancel()
+	sb, err := s.create(ctx, tenant, p)
+	if err != nil {
+		return err
+	}
+	if r.Context().Err() != nil {
+		// Nobody is left to learn the id: destroy rather than leak.
+		s.log.Info("client left during create; destroying", "sandbox", sb.API.ID)
+		s.destroy(ctx, sb)
+		return r.Context().Err()
+	}
+	httpapi.WriteJSON(w, http.StatusCreated, sb.API)
+	return nil
+}
+
+// sandboxFor loads a sandbox of the caller's tenant. Another tenant's
+// sandbox is reported exactly like a missing one.
+func (s *Server) sandboxFor(ctx context.Context, id string) (store.Sandbox, error) {
+	sb, err := s.store.GetSandbox(ctx, id)
+	if err == nil && sb.Tenant != principalFrom(ctx).Tenant {
+		err = errdefs.NotFound("sandbox %s", id)
+	}
+	return sb, err
+}
+
+// liveSandbox loads a sandbox that can take commands.
+func (s *Server) liveSandbox(ctx context.Context, id string) (store.Sandbox, *node, error) {
+	sb, err := s.sandboxFor(ctx, id)
+	if err != nil {
+		return sb, nil, err
+	}
+	switch sb.API.State {
+	case api.StateRunning:
+	case api.StateDeleted, api.StateFailed:
+		return sb, nil, errdefs.NotFound("sandbox %s is %s", id, sb.API.State)
+	default:
+		return sb, nil, fmt.Errorf("sandbox %s is %s: %w", id, sb.API.State, errdefs.ErrFailedPrecondition)
+	}
+	n, err := s.nodes.get(sb.API.Node)
+	return sb, n, err
+}
+
+func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) error {
+	sb, err := s.sandboxFor(r.Context(), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	httpapi.WriteJSON(w, http.StatusOK, sb.API)
+	return nil
+}
+
+func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	f := store.SandboxFilter{Tenant: principalFrom(r.Context()).Tenant, Limit: 100, PageToken: q.Get("page_token")}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 1000 {
+			return errdefs.Invalid("limit must be 1..1000")
+		}
+		f.Limit = n
+	}
+	for _, l := range q["label"] {
+		k, v, ok := strings.Cut(l, "=")
+		if !ok || !labelKeyRE.MatchString(k) {
+			return errdefs.Invalid("label filter %q: want key=value", l)
+		}
+		if f.Labels == nil {
+			f.Labels = map[string]string{}
+		}
+		f.Labels[k] = v
+	}
+	if st := q.Get("state"); st != "" {
+		f.States = strings.Split(st, ",")
+	} else if q.Get("all") == "" {
+		f.States = []string{api.StateCreating, api.StateRunning, api.StatePaused, api.StateLost}
+	}
+	list, next, err := s.store.ListSandboxes(r.Context(), f)
+	if err != nil {
+		return err
+	}
+	out := api.SandboxList{Sandboxes: make([]api.Sandbox, 0, len(list)), NextPageToken: next}
+	for _, sb := range list {
+		out.Sandboxes = append(out.Sandboxes, sb.API)
+	}
+	httpapi.WriteJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) error {
+	sb, err := s.sandboxFor(r.Context(), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	if err := s.destroy(context.WithoutCancel(r.Context()), sb); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// destroy removes a sandbox from its node and marks its record deleted. It
+// is idempotent.
+func (s *Server) destroy(ctx context.Context, sb store.Sandbox) error {
+	if sb.DeletedAt != nil {
+		return nil
+	}
+	if sb.API.State != api.StateLost {
+		n, err := s.nodes.get(sb.API.Node)
+		if err != nil {
+			return err
+		}
+		if err := n.client.Destroy(ctx, sb.API.ID); err != nil {
+			return fmt.Errorf("destroy sandbox %s: %w", sb.API.ID, err)
+		}
+	}
+	now := time.Now().UTC()
+	wasLive := sb.API.State != api.StateFailed
+	sb.API.State, sb.DeletedAt = api.StateDeleted, &now
+	if err := s.store.UpdateSandbox(ctx, &sb); err != nil {
+		return err
+	}
+	if wasLive {
+		s.sched.Release(sb.API.Node, sb.API.Resources)
+	}
+	s.activeMu.Lock()
+	delete(s.active, sb.API.ID)
+	s.activeMu.Unlock()
+	return nil
+}
+
+func (s *Server) resetSandbox(w http.ResponseWriter, r *http.Request) error {
+	return s.lifecycle(w, r, api.StateRunning, func(ctx context.Context, c *edge.Client, id string) error {
+		return c.Reset(ctx, id)
+	})
+}
+
+func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) error {
+	return s.lifecycle(w, r, api.StatePaused, func(ctx context.Context, c *edge.Client, id string) error {
+		return c.Pause(ctx, id)
+	})
+}
+
+func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) error {
+	return s.lifecycle(w, r, api.StateRunning, func(ctx context.Context, c *edge.Client, id string) error {
+		return c.Resume(ctx, id)
+	})
+}
+
+// lifecycle runs an operation on a running or paused sandbox's node and
+// records the state it leaves the sandbox in.
+func (s *Server) lifecycle(w http.ResponseWriter, r *http.Request, after string,
+	op func(context.Context, *edge.Client, string) error) error {
+	ctx := r.Context()
+	sb, err := s.sandboxFor(ctx, r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	switch sb.API.State {
+	case api.StateRunning, api.StatePaused:
+	case api.StateDeleted, api.StateFailed:
+		return errdefs.NotFound("sandbox %s is %s", sb.API.ID, sb.API.State)
+	default:
+		return fmt.Errorf("sandbox %s is %s: %w", sb.API.ID, sb.API.State, errdefs.ErrFailedPrecondition)
+	}
+	n, err := s.nodes.get(sb.API.Node)
+	if err != nil {
+		return err
+	}
+	if err := op(context.WithoutCancel(ctx), n.client, sb.API.ID); err != nil {
+		return err
+	}
+	sb.API.State = after
+	sb.LastActive = time.Now().UTC()
+	if err := s.store.UpdateSandbox(ctx, &sb); err != nil {
+		return err
+	}
+	httpapi.WriteJSON(w, http.StatusOK, sb.API)
+	return nil
+}
+
+// reapExpired destroys sandboxes whose TTL has passed.
+func (s *Server) reapExpired(ctx context.Context) {
+	now := time.Now().UTC()
+	list, _, err := s.store.ListSandboxes(ctx, store.SandboxFilter{
+		AllTenants: true, ExpiredBy: &now, Limit: 1000,
+		States: []string{api.StateCreating, api.StateRunning, api.StatePaused, api.StateLost, api.StateFailed},
+	})
+	if err != nil {
+		s.log.Warn("reap: list expired", "err", err)
+		return
+	}
+	for _, sb := range list {
+		if sb.API.State == api.StateCreating && now.Sub(sb.API.CreatedAt) < createTimeout {
+			continue // its create is still in flight
+		}
+		if err := s.destroy(ctx, sb); err != nil {
+			s.log.Warn("reap: destroy expired sandbox", "sandbox", sb.API.ID, "err", err)
+			continue
+		}
+		s.log.Info("reaped expired sandbox", "sandbox", sb.API.ID, "tenant", sb.Tenant)
+	}
+}
+
+// reconcile makes the records of a node's sandboxes agree with what the
+// node runs: live records of sandboxes the node lost become failed,
+// in-flight creates the node completed become running, and sandboxes the
+// node runs without a live record are destroyed.
+func (s *Server) reconcile(ctx context.Context, nodeID string, c *edge.Client) error {
+	running, err := c.List(ctx)
+	if err != nil {
+		return fmt.Errorf("reconcile node %s: %w", nodeID, err)
+	}
+	onNode := map[string]bool{}
+	for _, st := range running {
+		onNode[st.ID] = true
+	}
+	records, _, err := s.store.ListSandboxes(ctx, store.SandboxFilter{
+		AllTenants: true, Node: nodeID,
+		States: []string{api.StateCreating, api.StateRunning, api.StatePaused},
+	})
+	if err != nil {
+		return fmt.Errorf("reconcile node %s: %w", nodeID, err)
+	}
+	live := map[string]bool{}
+	for _, sb := range records {
+		if onNode[sb.API.ID] {
+			live[sb.API.ID] = true
+			if sb.API.State == api.StateCreating {
+				sb.API.State = api.StateRunning
+				if err := s.store.UpdateSandbox(ctx, &sb); err != nil {
+					return err
+				}
+			}
+			s.sched.Charge(nodeID, sb.API.Resources)
+			continue
+		}
+		now := time.Now().UTC()
+		sb.API.State, sb.API.Error, sb.DeletedAt = api.StateFailed, "the node no longer runs this sandbox", &now
+		if err := s.store.UpdateSandbox(ctx, &sb); err != nil {
+			return err
+		}
+		s.log.Warn("reconcile: sandbox missing on its node", "sandbox", sb.API.ID, "node", nodeID)
+	}
+	for id := range onNode {
+		if live[id] {
+			continue
+		}
+		s.log.Info("reconcile: destroying orphan sandbox", "sandbox", id, "node", nodeID)
+		if err := c.Destroy(ctx, id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			s.log.Warn("reconcile: destroy orphan", "sandbox", id, "err", err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,279 @@
+// Package server is the control plane: the public HTTP API under /v1, API
+// key authentication and tenant scoping, the sandbox and layer registry (in
+// a store.Store), placement through the scheduler, and the calls to the
+// edges that build and run sandboxes. It reaps expired sandboxes and, on
+// start, reconciles its records with what the nodes really run.
+//
+// The server must never run sandbox code or mount anything itself, and a
+// tenant must never learn that another tenant's sandbox or layer exists:
+// such lookups answer 404, exactly like a missing one.
+package server
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"runtime/debug"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/errdefs"
+	"github.com/dsec-project/dsec/internal/httpapi"
+	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/scheduler"
+	"github.com/dsec-project/dsec/internal/store"
+)
+
+// Config configures the control plane.
+type Config struct {
+	Store     store.Store
+	Scheduler *scheduler.Scheduler
+	// Layers is where layer images are kept; TmpDir is where uploads are
+	// unpacked and built (on the same filesystem).
+	Layers *layer.LocalStore
+	TmpDir string
+	// MaxLayerBytes bounds a layer upload.
+	MaxLayerBytes int64
+	// Defaults fill the resources a create leaves out.
+	Defaults api.Resources
+	// DefaultTTL applies when a create gives no ttl_seconds; MaxTTL bounds it.
+	DefaultTTL, MaxTTL time.Duration
+	// ReapInterval is how often expired sandboxes are looked for.
+	ReapInterval time.Duration
+	Logger       *slog.Logger
+}
+
+// Server is the control plane.
+type Server struct {
+	cfg     Config
+	store   store.Store
+	sched   *scheduler.Scheduler
+	auth    *authenticator
+	log     *slog.Logger
+	metrics *metrics
+	nodes   *registry
+
+	// active throttles LastActive updates: sandbox id → last write.
+	activeMu sync.Mutex
+	active   map[string]time.Time
+}
+
+// New returns a control plane over cfg.Store.
+func New(cfg Config) *Server {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Defaults == (api.Resources{}) {
+		cfg.Defaults = api.Resources{CPU: 1, MemoryMB: 512, DiskMB: 10240, Pids: 1024}
+	}
+	if cfg.DefaultTTL == 0 {
+		cfg.DefaultTTL = 24 * time.Hour
+	}
+	if cfg.MaxTTL == 0 {
+		cfg.MaxTTL = 7 * 24 * time.Hour
+	}
+	if cfg.ReapInterval == 0 {
+		cfg.ReapInterval = time.Second
+	}
+	if cfg.MaxLayerBytes == 0 {
+		cfg.MaxLayerBytes = 16 << 30
+	}
+	if cfg.Scheduler == nil {
+		cfg.Scheduler = scheduler.New(scheduler.DefaultConfig)
+	}
+	s := &Server{
+		cfg:     cfg,
+		store:   cfg.Store,
+		sched:   cfg.Scheduler,
+		auth:    &authenticator{store: cfg.Store, ttl: 10 * time.Second, cache: map[string]cachedKey{}},
+		log:     cfg.Logger,
+		metrics: newMetrics(),
+		nodes:   newRegistry(),
+		active:  map[string]time.Time{},
+	}
+	s.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "dsec_sandboxes_live", Help: "Sandboxes placed on nodes.",
+	}, func() float64 {
+		n := 0
+		for _, ns := range s.sched.Nodes() {
+			n += ns.Sandboxes
+		}
+		return float64(n)
+	}))
+	return s
+}
+
+// Run reaps expired sandboxes until ctx ends.
+func (s *Server) Run(ctx context.Context) {
+	tick := time.NewTicker(s.cfg.ReapInterval)
+	defer tick.Stop()
+	lastPurge := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		s.reapExpired(ctx)
+		if time.Since(lastPurge) > time.Hour {
+			lastPurge = time.Now()
+			if n, err := s.store.PurgeSandboxes(ctx, time.Now().Add(-24*time.Hour)); err == nil && n > 0 {
+				s.log.Info("purged records of deleted sandboxes", "count", n)
+			}
+		}
+	}
+}
+
+// Handler is the public HTTP API.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	authed := func(pattern string, h func(http.ResponseWriter, *http.Request) error) {
+		mux.Handle(pattern, s.instrument(pattern, s.authenticated(h, false)))
+	}
+	admin := func(pattern string, h func(http.ResponseWriter, *http.Request) error) {
+		mux.Handle(pattern, s.instrument(pattern, s.authenticated(h, true)))
+	}
+
+	authed("POST /v1/sandboxes", s.createSandbox)
+	authed("GET /v1/sandboxes", s.listSandboxes)
+	authed("GET /v1/sandboxes/{id}", s.getSandbox)
+	authed("DELETE /v1/sandboxes/{id}", s.deleteSandbox)
+	authed("POST /v1/sandboxes/{id}/exec", s.exec)
+	authed("GET /v1/sandboxes/{id}/files", s.files)
+	authed("PUT /v1/sandboxes/{id}/files", s.files)
+	authed("DELETE /v1/sandboxes/{id}/files", s.files)
+	authed("GET /v1/sandboxes/{id}/processes", s.processes)
+	authed("/v1/sandboxes/{id}/processes/{rest...}", s.processes)
+	authed("POST /v1/sandboxes/{id}/reset", s.resetSandbox)
+	authed("POST /v1/sandboxes/{id}/pause", s.pauseSandbox)
+	authed("POST /v1/sandboxes/{id}/resume", s.resumeSandbox)
+
+	authed("POST /v1/layers", s.createLayer)
+	authed("GET /v1/layers", s.listLayers)
+	authed("GET /v1/layers/{ref...}", s.getLayer)
+
+	admin("POST /v1/tenants", s.createTenant)
+	admin("GET /v1/tenants", s.listTenants)
+	admin("POST /v1/tenants/{id}/keys", s.createKey)
+	admin("GET /v1/tenants/{id}/keys", s.listKeys)
+	admin("DELETE /v1/keys/{id}", s.deleteKey)
+	admin("GET /v1/nodes", s.listNodes)
+
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		httpapi.WriteJSON(w, http.StatusOK, map[string]any{"ok": true, "nodes": len(s.nodes.list())})
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
+	mux.Handle("/", s.instrument("unmatched", func(w http.ResponseWriter, r *http.Request) {
+		httpapi.WriteError(w, r, errdefs.NotFound("no route %s %s", r.Method, r.URL.Path))
+	}))
+	return mux
+}
+
+// authenticated wraps a handler that returns an error: it checks the key,
+// puts the principal in the context, and writes the error if any.
+func (s *Server) authenticated(h func(http.ResponseWriter, *http.Request) error, adminOnly bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		p, err := s.auth.authenticate(r)
+		if err == nil && adminOnly && !p.Admin {
+			err = fmt.Errorf("this call needs an admin key: %w", errdefs.ErrPermissionDenied)
+		}
+		if err == nil {
+			r = r.WithContext(context.WithValue(r.Context(), principalKey{}, p))
+			err = h(w, r)
+		}
+		if err != nil {
+			httpapi.WriteError(w, r, err)
+		}
+	}
+}
+
+// instrument counts and times requests by route, and turns a panic into a
+// 500 rather than a dropped connection.
+func (s *Server) instrument(route string, h http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
+		defer func() {
+			if v := recover(); v != nil {
+				if v == http.ErrAbortHandler {
+					panic(v)
+				}
+				s.log.Error("panic in handler", "route", route, "panic", v, "stack", string(debug.Stack()))
+				if !sw.wrote {
+					httpapi.WriteJSON(sw, http.StatusInternalServerError, api.ErrorResponse{Error: &api.Error{
+						Code: api.CodeInternal, Message: "internal error"}})
+				}
+			}
+			s.metrics.requests.WithLabelValues(route, strconv.Itoa(sw.status)).Inc()
+			s.metrics.latency.WithLabelValues(route).Observe(time.Since(start).Seconds())
+		}()
+		h(sw, r)
+	})
+}
+
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+	wrote  bool
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if !w.wrote {
+		w.status, w.wrote = code, true
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	w.wrote = true
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach Flush and deadlines.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (w *statusWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		w.wrote = true
+		f.Flush()
+	}
+}
+
+type metrics struct {
+	reg       *prometheus.Registry
+	requests  *prometheus.CounterVec
+	latency   *prometheus.HistogramVec
+	creates   *prometheus.CounterVec
+	createDur prometheus.Histogram
+}
+
+func newMetrics() *metrics {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m := &metrics{
+		reg: reg,
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dsec_http_requests_total", Help: "API requests by route and status.",
+		}, []string{"route", "code"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "dsec_http_request_seconds", Help: "API request latency by route.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 18),
+		}, []string{"route"}),
+		creates: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dsec_sandbox_creates_total", Help: "Sandbox creates by backend and result.",
+		}, []string{"backend", "result"}),
+		createDur: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "dsec_sandbox_create_seconds", Help: "Time to create a sandbox, placement to running.",
+			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
+		}),
+	}
+	reg.MustRegister(m.requests, m.latency, m.creates, m.createDur)
+	return m
+}
