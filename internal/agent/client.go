@@ -1,0 +1,180 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/errdefs"
+)
+
+// agentHost names the agent in request URLs. It is a placeholder: the
+// dial function decides where requests go.
+const agentHost = "dsec-agent"
+
+// Client is the edge's side of the agent API. Errors the agent answers
+// with come back in their errdefs class.
+type Client struct {
+	tr *http.Transport
+	hc *http.Client
+}
+
+// NewClient returns a client whose connections come from dial (a unix
+// socket, a vsock). Connections are kept alive between requests.
+func NewClient(dial func(ctx context.Context) (net.Conn, error)) *Client {
+	tr := &http.Transport{
+		DialContext:         func(ctx context.Context, _, _ string) (net.Conn, error) { return dial(ctx) },
+		MaxIdleConnsPerHost: 32,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true,
+	}
+	return &Client{tr: tr, hc: &http.Client{Transport: tr}}
+}
+
+// Transport is the client's round tripper, for proxying arbitrary agent
+// paths; any URL host is sent to the agent.
+func (c *Client) Transport() http.RoundTripper { return c.tr }
+
+// Close drops idle connections.
+func (c *Client) Close() { c.tr.CloseIdleConnections() }
+
+// Do sends req to the agent; a URL without a host (a bare path) is fine.
+// Like http.Client.Do it leaves the status to the caller.
+func (c *Client) Do(req *http.Request) (*http.Response, error) {
+	if req.URL.Host == "" {
+		req = req.Clone(req.Context())
+		req.URL.Scheme, req.URL.Host = "http", agentHost
+	}
+	return c.hc.Do(req)
+}
+
+// Health asks the agent whether it is up.
+func (c *Client) Health(ctx context.Context) (*Health, error) {
+	var h Health
+	if err := c.call(ctx, http.MethodGet, "/healthz", nil, &h); err != nil {
+		return nil, err
+	}
+	return &h, nil
+}
+
+// Exec runs a command and returns its result; for a background command,
+// the result holds its Process.
+func (c *Client) Exec(ctx context.Context, req *api.ExecRequest) (*api.ExecResult, error) {
+	var res api.ExecResult
+	if err := c.call(ctx, http.MethodPost, "/exec", req, &res); err != nil {
+		return nil, err
+	}
+	return &res, nil
+}
+
+// ExecStream runs a command, calling fn with each stdout and stderr event
+// as it comes, and returns the exit. If fn fails, the request is dropped —
+// which kills the command — and its error returned.
+func (c *Client) ExecStream(ctx context.Context, req *api.ExecRequest, fn func(api.ExecEvent) error) (*api.ExecResult, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	resp, err := c.send(ctx, http.MethodPost, "/exec", req, ndjson)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	dec := json.NewDecoder(resp.Body)
+	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt != ndjson {
+		var res api.ExecResult // a background exec answers at once
+		if err := dec.Decode(&res); err != nil {
+			return nil, readError(ctx, err)
+		}
+		return &res, nil
+	}
+	for {
+		var ev api.ExecEvent
+		if err := dec.Decode(&ev); err != nil {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF // the stream ended without an exit
+			}
+			return nil, readError(ctx, err)
+		}
+		switch {
+		case ev.Exit != nil:
+			return ev.Exit, nil
+		case ev.Error != nil:
+			return nil, errdefs.FromAPI(ev.Error)
+		}
+		if err := fn(ev); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// call sends a JSON request and decodes a JSON answer into out.
+func (c *Client) call(ctx context.Context, method, path string, in, out any) error {
+	resp, err := c.send(ctx, method, path, in, "application/json")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return readError(ctx, err)
+	}
+	return nil
+}
+
+// send sends a request and turns a failure status into the agent's error.
+func (c *Client) send(ctx context.Context, method, path string, in any, accept string) (*http.Response, error) {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return nil, fmt.Errorf("agent %s %s: encode request: %w", method, path, err)
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://"+agentHost+path, body)
+	if err != nil {
+		return nil, fmt.Errorf("agent %s %s: %w", method, path, err)
+	}
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	req.Header.Set("Accept", accept)
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, readError(ctx, err)
+	}
+	if resp.StatusCode >= 300 {
+		defer resp.Body.Close()
+		return nil, ResponseError(resp)
+	}
+	return resp, nil
+}
+
+// ResponseError turns an agent's failure response into an error of its
+// class, whether or not it carried an error body.
+func ResponseError(resp *http.Response) error {
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	var er api.ErrorResponse
+	if json.Unmarshal(b, &er) == nil && er.Error != nil && er.Error.Code != "" {
+		return errdefs.FromAPI(er.Error)
+	}
+	return errdefs.FromAPI(&api.Error{
+		Code:    api.CodeForStatus(resp.StatusCode),
+		Message: fmt.Sprintf("agent answered %s: %s", resp.Status, bytes.TrimSpace(b)),
+	})
+}
+
+// readError classes a failure to talk to the agent: the caller's deadline
+// or cancellation, else the agent is unavailable.
+func readError(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("agent: %w", ctx.Err())
+	}
+	return fmt.Errorf("agent: %w: %w", errdefs.ErrUnavailable, err)
+}

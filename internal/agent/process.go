@@ -1,0 +1,262 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/dsec-project/dsec/api"
+)
+
+// drainGrace bounds how long output is read after a command's leader has
+// exited: a background child still holding the pipe must not hold the
+// request.
+const drainGrace = 75 * time.Millisecond
+
+// setupProcess makes the calling process fit to be the agent.
+func setupProcess() error {
+	// Same uid but no CAP_SYS_PTRACE: sandboxed processes can then neither
+	// ptrace the agent nor open /proc/<agent>/fd/*.
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		return fmt.Errorf("set non-dumpable: %w", err)
+	}
+	// Outside a PID namespace orphans would go to the real init; adopt
+	// them so they are still reaped by us.
+	if os.Getpid() != 1 {
+		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+			return fmt.Errorf("set child subreaper: %w", err)
+		}
+	}
+	// A write to a closed stderr must not kill PID 1. Catching SIGPIPE,
+	// unlike ignoring it, leaves children with the default action.
+	signal.Notify(make(chan os.Signal, 1), unix.SIGPIPE)
+	return nil
+}
+
+// startError is a command that could not be started: not found, not
+// executable, a missing cwd. It is reported the way a shell reports it, as
+// exit code and stderr, not as an agent failure.
+type startError struct {
+	code int // 127: not found; 126: anything else
+	msg  string
+}
+
+func (e *startError) Error() string { return e.msg }
+
+func execError(path string, err error) *startError {
+	code := 126
+	if errors.Is(err, unix.ENOENT) {
+		code = 127
+	}
+	return &startError{code: code, msg: fmt.Sprintf("%s: %v", path, err)}
+}
+
+// result is the ExecResult of a command that never started.
+func (e *startError) result() (api.ExecResult, []byte) {
+	return api.ExecResult{ExitCode: e.code}, []byte("dsec-agent: " + e.msg + "\n")
+}
+
+// execSpec is a validated command, ready to start.
+type execSpec struct {
+	argv0     string // resolved path of the executable
+	argv      []string
+	env       []string
+	dir       string
+	stdin     []byte // nil: /dev/null
+	timeout   time.Duration
+	maxOutput int
+	fail      *startError // set when it cannot start: report it, do not fork
+}
+
+// stdio are the pipes of a command: the child's ends and ours.
+type stdio struct {
+	child          [3]*os.File // stdin, stdout, stderr as the child gets them
+	stdin          *os.File    // write end of the child's stdin, or nil
+	stdout, stderr *os.File    // read ends
+}
+
+func openStdio(withStdin bool) (_ *stdio, err error) {
+	s := &stdio{}
+	defer func() {
+		if err != nil {
+			s.closeChild()
+			s.closeParent()
+		}
+	}()
+	if withStdin {
+		if s.child[0], s.stdin, err = os.Pipe(); err != nil {
+			return nil, fmt.Errorf("stdin pipe: %w", err)
+		}
+	} else if s.child[0], err = os.Open(os.DevNull); err != nil {
+		return nil, fmt.Errorf("open stdin: %w", err)
+	}
+	if s.stdout, s.child[1], err = os.Pipe(); err != nil {
+		return nil, fmt.Errorf("stdout pipe: %w", err)
+	}
+	if s.stderr, s.child[2], err = os.Pipe(); err != nil {
+		return nil, fmt.Errorf("stderr pipe: %w", err)
+	}
+	return s, nil
+}
+
+func (s *stdio) closeChild() {
+	for _, f := range s.child {
+		if f != nil {
+			f.Close()
+		}
+	}
+}
+
+func (s *stdio) closeParent() {
+	for _, f := range []*os.File{s.stdin, s.stdout, s.stderr} {
+		if f != nil {
+			f.Close()
+		}
+	}
+}
+
+// command is a started process group whose output is being pumped into
+// two writers.
+type command struct {
+	child   *child
+	io      *stdio
+	started time.Time
+	exited  time.Time // set by wait
+	pumps   sync.WaitGroup
+}
+
+// start forks the command in its own process group and pumps its stdout
+// and stderr into the writers until wait has drained them. A command that
+// cannot start returns a *startError.
+func (s *Server) start(spec *execSpec, stdout, stderr io.Writer) (*command, error) {
+	if spec.fail != nil {
+		return nil, spec.fail
+	}
+	pipes, err := openStdio(spec.stdin != nil)
+	if err != nil {
+		return nil, err
+	}
+	attr := &syscall.ProcAttr{
+		Dir: spec.dir,
+		Env: spec.env,
+		// Fd puts the child's ends in blocking mode; ours stay in the poller
+		// so that read deadlines work on them.
+		Files: []uintptr{pipes.child[0].Fd(), pipes.child[1].Fd(), pipes.child[2].Fd()},
+		Sys:   &syscall.SysProcAttr{Setpgid: true},
+	}
+	started := time.Now()
+	ch, err := s.reaper.start(spec.argv0, spec.argv, attr)
+	pipes.closeChild()
+	if err != nil {
+		pipes.closeParent()
+		return nil, err
+	}
+	c := &command{child: ch, io: pipes, started: started}
+	c.pumps.Add(2)
+	go c.pump(pipes.stdout, stdout)
+	go c.pump(pipes.stderr, stderr)
+	if pipes.stdin != nil {
+		go func() {
+			// EPIPE (the child did not read it all) or closed by drain.
+			_, _ = pipes.stdin.Write(spec.stdin)
+			pipes.stdin.Close()
+		}()
+	}
+	return c, nil
+}
+
+func (c *command) pump(r *os.File, w io.Writer) {
+	defer c.pumps.Done()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			_, _ = w.Write(buf[:n]) // our writers do not fail
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// wait waits for the leader to exit, killing the group on timeout (if
+// nonzero) or when ctx ends, then drains the output. It reports whether the
+// timeout fired.
+func (c *command) wait(ctx context.Context, timeout time.Duration) (timedOut bool) {
+	var expired <-chan time.Time
+	if timeout > 0 {
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		expired = t.C
+	}
+	select {
+	case <-c.child.done:
+	case <-expired:
+		select {
+		case <-c.child.done: // exited as the timer fired
+		default:
+			timedOut = true
+			c.child.signalGroup(unix.SIGKILL)
+			<-c.child.done
+		}
+	case <-ctx.Done():
+		c.child.signalGroup(unix.SIGKILL)
+		<-c.child.done
+	}
+	c.exited = time.Now()
+	c.drain()
+	return timedOut
+}
+
+// drain reads what is left in the pipes, for at most drainGrace, and
+// closes them. It does not kill what still holds them.
+func (c *command) drain() {
+	deadline := time.Now().Add(drainGrace)
+	_ = c.io.stdout.SetReadDeadline(deadline)
+	_ = c.io.stderr.SetReadDeadline(deadline)
+	c.pumps.Wait()
+	c.io.closeParent() // also ends a stdin write nobody reads
+}
+
+// result is the exit of a waited-for command, without output.
+func (c *command) result(timedOut bool) api.ExecResult {
+	r := api.ExecResult{TimedOut: timedOut, DurationMs: c.exited.Sub(c.started).Milliseconds()}
+	switch ws := c.child.status; {
+	case ws.Exited():
+		r.ExitCode = ws.ExitStatus()
+	case ws.Signaled():
+		r.ExitCode = 128 + int(ws.Signal())
+		r.Signal = unix.SignalName(ws.Signal())
+	}
+	return r
+}
+
+// parseSignal accepts a signal name with or without its SIG prefix.
+func parseSignal(name string) (unix.Signal, bool) {
+	switch strings.TrimPrefix(strings.ToUpper(name), "SIG") {
+	case "TERM":
+		return unix.SIGTERM, true
+	case "KILL":
+		return unix.SIGKILL, true
+	case "INT":
+		return unix.SIGINT, true
+	case "HUP":
+		return unix.SIGHUP, true
+	case "QUIT":
+		return unix.SIGQUIT, true
+	case "USR1":
+		return unix.SIGUSR1, true
+	case "USR2":
+		return unix.SIGUSR2, true
+	}
+	return 0, false
+}

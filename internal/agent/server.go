@@ -1,0 +1,212 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/errdefs"
+)
+
+// Config is what the agent is started with.
+type Config struct {
+	// Root is the directory file operations resolve beneath: "/" in a
+	// sandbox, a temporary directory in tests.
+	Root string
+	// MaxFileBytes caps a file read or written through the API.
+	MaxFileBytes int64
+	// ShutdownGrace is how long processes get between the forwarded
+	// signal and SIGKILL.
+	ShutdownGrace time.Duration
+	Version       string
+	Log           *slog.Logger
+}
+
+// Health is the body of GET /healthz.
+type Health struct {
+	OK      bool   `json:"ok"`
+	Pid     int    `json:"pid"`
+	Version string `json:"version"`
+}
+
+// Server is the agent. There is at most one per process: it is the
+// process's reaper.
+type Server struct {
+	cfg    Config
+	root   int // O_PATH fd of cfg.Root
+	reaper *reaper
+	procs  *procTable
+	http   *http.Server
+	reqs   atomic.Int64
+}
+
+// New makes the calling process the agent: non-dumpable, the reaper of its
+// children (and a subreaper when it is not PID 1), ready to serve.
+func New(cfg Config) (*Server, error) {
+	if cfg.MaxFileBytes <= 0 {
+		cfg.MaxFileBytes = 100 << 20
+	}
+	if cfg.ShutdownGrace <= 0 {
+		cfg.ShutdownGrace = 2 * time.Second
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	root, err := unix.Open(cfg.Root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open root %s: %w", cfg.Root, err)
+	}
+	s := &Server{cfg: cfg, root: root, procs: newProcTable()}
+	// Fail now rather than on every file request if the kernel or a
+	// seccomp profile lacks openat2.
+	fd, err := s.openIn(".", unix.O_PATH|unix.O_DIRECTORY)
+	if err != nil {
+		unix.Close(root)
+		return nil, fmt.Errorf("openat2 root %s: %w", cfg.Root, err)
+	}
+	unix.Close(fd)
+	if err := setupProcess(); err != nil {
+		unix.Close(root)
+		return nil, err
+	}
+	if s.reaper, err = newReaper(); err != nil {
+		unix.Close(root)
+		return nil, err
+	}
+	s.http = &http.Server{
+		Handler:           s.routes(),
+		ReadHeaderTimeout: 30 * time.Second,
+		IdleTimeout:       5 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(cfg.Log.Handler(), slog.LevelWarn),
+	}
+	return s, nil
+}
+
+func (s *Server) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", s.handleHealth)
+	mux.HandleFunc("POST /exec", s.handleExec)
+	mux.HandleFunc("GET /procs", s.handleListProcs)
+	mux.HandleFunc("GET /procs/{id}", s.handleGetProc)
+	mux.HandleFunc("DELETE /procs/{id}", s.handleDeleteProc)
+	mux.HandleFunc("GET /procs/{id}/wait", s.handleWait)
+	mux.HandleFunc("GET /procs/{id}/output", s.handleOutput)
+	mux.HandleFunc("POST /procs/{id}/signal", s.handleSignal)
+	mux.HandleFunc("GET /files", s.handleGetFile)
+	mux.HandleFunc("PUT /files", s.handlePutFile)
+	mux.HandleFunc("DELETE /files", s.handleDeleteFile)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		s.writeError(w, r, errdefs.NotFound("route %s %s", r.Method, r.URL.Path))
+	})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		log := s.cfg.Log.With("request", fmt.Sprintf("r-%d", s.reqs.Add(1)))
+		mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), loggerKey{}, log)))
+	})
+}
+
+// Serve answers requests on l until Shutdown. How l was obtained (an
+// inherited fd, a path, a vsock) is the caller's business.
+func (s *Server) Serve(l net.Listener) error {
+	s.cfg.Log.Info("serving", "addr", l.Addr().String(), "pid", os.Getpid(), "root", s.cfg.Root)
+	return s.http.Serve(l)
+}
+
+// Shutdown forwards sig to every process group the agent started and still
+// runs, gives them ShutdownGrace to exit, kills what is left and stops
+// serving; Serve then returns http.ErrServerClosed. Groups whose leader
+// already exited are not tracked; as PID 1 the kernel kills them when the
+// agent exits.
+func (s *Server) Shutdown(sig os.Signal) {
+	ssig, ok := sig.(syscall.Signal)
+	if !ok {
+		ssig = syscall.SIGTERM
+	}
+	kids := s.reaper.stop()
+	s.cfg.Log.Info("shutting down", "signal", unix.SignalName(ssig), "processes", len(kids))
+	for _, c := range kids {
+		c.signalGroup(ssig)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownGrace)
+	defer cancel()
+	for _, c := range kids {
+		select {
+		case <-c.done:
+		case <-ctx.Done():
+		}
+	}
+	for _, c := range kids {
+		c.signalGroup(unix.SIGKILL)
+	}
+	s.http.Close()
+}
+
+// Close releases what New took, in reverse. Call it after Serve returns.
+func (s *Server) Close() error {
+	s.reaper.close()
+	return unix.Close(s.root)
+}
+
+func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, &Health{OK: true, Pid: os.Getpid(), Version: s.cfg.Version})
+}
+
+type loggerKey struct{}
+
+// logger is the request's logger, with its request attribute.
+func logger(r *http.Request) *slog.Logger {
+	if l, ok := r.Context().Value(loggerKey{}).(*slog.Logger); ok {
+		return l
+	}
+	return slog.Default()
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v) // the client is gone
+}
+
+func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	code := errdefs.Code(err)
+	if code == api.CodeInternal {
+		logger(r).Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	}
+	writeJSON(w, api.HTTPStatus(code), &api.ErrorResponse{Error: &api.Error{Code: code, Message: err.Error()}})
+}
+
+// decodeJSON reads exactly one JSON value into v, refusing unknown fields,
+// values of the wrong type, trailing data and bodies over limit bytes.
+func decodeJSON(w http.ResponseWriter, r *http.Request, v any, limit int64) error {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, limit))
+	dec.DisallowUnknownFields()
+	err := dec.Decode(v)
+	if err == nil {
+		// Reading to EOF also lets the server notice a client that leaves.
+		if _, terr := dec.Token(); terr != io.EOF {
+			err = errors.New("trailing data after the JSON body")
+		}
+	}
+	var mbe *http.MaxBytesError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &mbe):
+		return fmt.Errorf("request body over %d bytes: %w", limit, errdefs.ErrTooLarge)
+	case errors.Is(err, io.EOF):
+		return errdefs.Invalid("empty request body")
+	default:
+		return errdefs.Invalid("request body: %v", err)
+	}
+}
