@@ -24,10 +24,12 @@ import (
 // nodeFlags are what `dsec server` and `dsec edge` share: how this node
 // runs sandboxes.
 type nodeFlags struct {
-	nodeID string
-	agent  string
-	runc   string
-	debug  bool
+	nodeID       string
+	agent        string
+	runc         string
+	cgroupParent string
+	maxFileBytes int64
+	debug        bool
 }
 
 func (n *nodeFlags) register(fs *flag.FlagSet) {
@@ -35,6 +37,8 @@ func (n *nodeFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&n.nodeID, "node-id", host, "this node's name")
 	fs.StringVar(&n.agent, "agent", "", "dsec-agent binary (default: next to dsec, then $PATH)")
 	fs.StringVar(&n.runc, "runc", "runc", "runc binary")
+	fs.StringVar(&n.cgroupParent, "cgroup-parent", "dsec", "cgroup under which sandboxes' cgroups are made")
+	fs.Int64Var(&n.maxFileBytes, "max-file-bytes", 100<<20, "largest file a sandbox's files API reads or writes")
 	fs.BoolVar(&n.debug, "debug", false, "debug logging")
 }
 
@@ -73,6 +77,7 @@ func (n *nodeFlags) startEdge(ctx context.Context, dataDir string, layers edge.L
 	}
 	cb, err := container.New(container.Config{
 		Root: filepath.Join(dataDir, "container"), Runc: n.runc, AgentPath: agent, Logger: log,
+		CgroupParent: n.cgroupParent, MaxFileBytes: n.maxFileBytes,
 	})
 	if err != nil {
 		return nil, nil, err

@@ -24,8 +24,11 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"sync/atomic"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/backend"
@@ -44,6 +47,8 @@ type Config struct {
 	// CgroupParent is the cgroup under which sandboxes' cgroups are made;
 	// "dsec" by default.
 	CgroupParent string
+	// MaxFileBytes bounds files read or written through the agent.
+	MaxFileBytes int64
 	Logger       *slog.Logger
 }
 
@@ -168,6 +173,15 @@ func (b *Backend) makeRuntime() (string, error) {
 	return dir, nil
 }
 
+// agentArgs is the agent's command line inside the container.
+func (b *Backend) agentArgs() []string {
+	args := []string{agentPath, "--listen-fd", "3"}
+	if b.cfg.MaxFileBytes > 0 {
+		args = append(args, "--max-file-bytes", strconv.FormatInt(b.cfg.MaxFileBytes, 10))
+	}
+	return args
+}
+
 func (b *Backend) dir(id string) string { return filepath.Join(b.cfg.Root, "sandboxes", id) }
 
 // Create implements backend.Backend.
@@ -255,7 +269,7 @@ func (b *Backend) start(ctx context.Context, rec *record) (err error) {
 			mount.Unmount(rootfs)
 		}
 	}()
-	spec, err := ociSpec(rec.Spec, rootfs, "/"+b.cfg.CgroupParent+"/"+id)
+	spec, err := ociSpec(rec.Spec, rootfs, "/"+b.cfg.CgroupParent+"/"+id, b.agentArgs())
 	if err != nil {
 		return err
 	}
@@ -285,7 +299,12 @@ func listen(path string) (*os.File, error) {
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, err
 	}
-	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	short, done, err := shortPath(path)
+	if err != nil {
+		return nil, fmt.Errorf("agent socket: %w", err)
+	}
+	defer done()
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: short, Net: "unix"})
 	if err != nil {
 		return nil, fmt.Errorf("agent socket: %w", err)
 	}
@@ -400,8 +419,13 @@ func (b *Backend) Resume(ctx context.Context, id string) error {
 
 // Dial implements backend.Backend.
 func (b *Backend) Dial(ctx context.Context, id string) (net.Conn, error) {
+	short, done, err := shortPath(filepath.Join(b.dir(id), "agent.sock"))
+	if err != nil {
+		return nil, fmt.Errorf("dial agent of %s: %w", id, err)
+	}
+	defer done()
 	var d net.Dialer
-	c, err := d.DialContext(ctx, "unix", filepath.Join(b.dir(id), "agent.sock"))
+	c, err := d.DialContext(ctx, "unix", short)
 	if err != nil {
 		return nil, fmt.Errorf("dial agent of %s: %w: %w", id, err, errdefs.ErrUnavailable)
 	}
@@ -433,6 +457,20 @@ func (b *Backend) State(ctx context.Context, id string) (string, error) {
 func (b *Backend) Close() error {
 	b.trash.Wait()
 	return nil
+}
+
+// shortPath returns a name for path that fits in a sockaddr_un (108
+// bytes): the path itself if short, else the name through an O_PATH file
+// descriptor of its directory, valid until done is called.
+func shortPath(path string) (short string, done func(), err error) {
+	if len(path) < 100 {
+		return path, func() {}, nil
+	}
+	fd, err := unix.Open(filepath.Dir(path), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", nil, err
+	}
+	return fmt.Sprintf("/proc/self/fd/%d/%s", fd, filepath.Base(path)), func() { unix.Close(fd) }, nil
 }
 
 func writeJSON(path string, v any) error {

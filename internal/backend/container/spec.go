@@ -42,7 +42,7 @@ const ociVersion = "1.0.2"
 const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 // ociSpec is the runtime spec of a sandbox's container.
-func ociSpec(sb backend.Spec, rootfs, cgroupsPath string) (*specs.Spec, error) {
+func ociSpec(sb backend.Spec, rootfs, cgroupsPath string, args []string) (*specs.Spec, error) {
 	env := map[string]string{"PATH": defaultPath, "HOME": "/root", "TERM": "xterm", "DSEC_SANDBOX_ID": sb.ID}
 	maps.Copy(env, sb.Env)
 	envList := make([]string, 0, len(env))
@@ -55,7 +55,7 @@ func ociSpec(sb backend.Spec, rootfs, cgroupsPath string) (*specs.Spec, error) {
 		Hostname: sb.ID,
 		Root:     &specs.Root{Path: rootfs},
 		Process: &specs.Process{
-			Args: []string{agentPath, "--listen-fd", "3"},
+			Args: args,
 			Env:  envList,
 			Cwd:  "/",
 			User: specs.User{UID: 0, GID: 0},

@@ -1,0 +1,40 @@
+# dsec — build, test and run.
+#
+#   make run    install what is missing, build, start the all-in-one server
+#   make test   install what is missing, build, run every test (as root)
+
+GO      ?= go
+DATA    ?= .dsec
+LISTEN  ?= 127.0.0.1:7070
+# Debian packages dsec needs on a node.
+DEBS    := runc erofs-utils busybox-static fuse3 iproute2 python3
+export PATH := $(PATH):/usr/local/go/bin
+
+.PHONY: all build run test deps check-go clean
+
+all: build
+
+check-go:
+	@command -v $(GO) >/dev/null || { echo "Go 1.26 or newer is needed (https://go.dev/dl/): not found on PATH"; exit 1; }
+
+# deps installs the Debian packages that are missing, and only those.
+deps:
+	@missing=""; for p in $(DEBS); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+
+build: check-go
+	CGO_ENABLED=0 $(GO) build -o bin/dsec-agent ./cmd/dsec-agent
+	CGO_ENABLED=0 $(GO) build -o bin/dsec ./cmd/dsec
+
+run: deps build
+	./bin/dsec server --data $(DATA) --listen $(LISTEN)
+
+test: deps build
+	$(GO) vet ./...
+	$(GO) test -count=1 -timeout 30m ./...
+
+clean:
+	rm -rf bin

@@ -1,0 +1,237 @@
+// Package backendtest is the behaviour suite every backend.Backend passes:
+// the container backend today, the microVM backend next. It drives the
+// backend directly (no edge, no server) and talks to each sandbox's agent
+// through Backend.Dial.
+package backendtest
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/agent"
+	"github.com/dsec-project/dsec/internal/backend"
+	"github.com/dsec-project/dsec/internal/errdefs"
+	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/testutil"
+)
+
+// Fixture is what the suite needs from an implementation.
+type Fixture struct {
+	// New returns a backend over root. Called twice on one root, the second
+	// backend plays the same node after a restart.
+	New func(t *testing.T, root string) backend.Backend
+	// Resources for each sandbox; small, so the suite fits anywhere.
+	Resources api.Resources
+}
+
+// MinimalLayer builds the busybox base layer into dir and returns it.
+func MinimalLayer(t *testing.T, dir string) backend.Layer {
+	t.Helper()
+	ctx := context.Background()
+	src := filepath.Join(dir, "base-src")
+	if err := os.MkdirAll(src, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := layer.MinimalBase(ctx, "/bin/busybox", src); err != nil {
+		t.Fatal(err)
+	}
+	img, err := layer.Build(ctx, src, filepath.Join(dir, "base.erofs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return backend.Layer{Digest: img.Digest, Path: filepath.Join(dir, "base.erofs")}
+}
+
+// Run runs the suite.
+func Run(t *testing.T, f Fixture) {
+	testutil.Require(t, testutil.Root, testutil.File("/bin/busybox"), testutil.Tool("mkfs.erofs"))
+	base := MinimalLayer(t, t.TempDir())
+	spec := func(id string) backend.Spec {
+		return backend.Spec{
+			ID: id, Layers: []backend.Layer{base}, Resources: f.Resources,
+			Network: api.Network{Mode: api.NetworkNone}, Env: map[string]string{"SUITE": "yes"},
+		}
+	}
+
+	t.Run("lifecycle", func(t *testing.T) {
+		ctx := context.Background()
+		b := f.New(t, t.TempDir())
+		sp := spec(unique("life"))
+		sp.Backend = b.Name()
+		if err := b.Create(ctx, sp); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { b.Destroy(context.Background(), sp.ID) })
+		ag := agentOf(b, sp.ID)
+		if out := run(t, ag, "echo $SUITE; cat /etc/hostname >/dev/null; echo dirty > /dirty"); out != "yes\n" {
+			t.Fatalf("first exec: %q", out)
+		}
+		if err := b.Create(ctx, sp); !errors.Is(err, errdefs.ErrAlreadyExists) {
+			t.Fatalf("second create with one id: %v", err)
+		}
+		if st, err := b.State(ctx, sp.ID); err != nil || st != api.StateRunning {
+			t.Fatalf("state: %q %v", st, err)
+		}
+
+		if err := b.Pause(ctx, sp.ID); err != nil {
+			t.Fatal(err)
+		}
+		if st, _ := b.State(ctx, sp.ID); st != api.StatePaused {
+			t.Fatalf("state after pause: %q", st)
+		}
+		if err := b.Resume(ctx, sp.ID); err != nil {
+			t.Fatal(err)
+		}
+
+		if err := b.Reset(ctx, sp.ID); err != nil {
+			t.Fatal(err)
+		}
+		ag = agentOf(b, sp.ID)
+		if out := run(t, ag, "test -e /dirty && echo dirty || echo clean"); out != "clean\n" {
+			t.Fatalf("after reset: %q", out)
+		}
+
+		if err := b.Destroy(ctx, sp.ID); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Destroy(ctx, sp.ID); err != nil {
+			t.Fatalf("second destroy: %v", err)
+		}
+		if _, err := b.State(ctx, sp.ID); !errors.Is(err, errdefs.ErrNotFound) {
+			t.Fatalf("state after destroy: %v", err)
+		}
+		dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		if _, err := agentOf(b, sp.ID).Health(dctx); err == nil {
+			t.Fatal("agent still answers after destroy")
+		}
+	})
+
+	t.Run("failed create leaves nothing and the id can be reused", func(t *testing.T) {
+		ctx := context.Background()
+		root := t.TempDir()
+		b := f.New(t, root)
+		sp := spec(unique("fail"))
+		sp.Backend = b.Name()
+		sp.Layers = []backend.Layer{{Digest: "sha256:" + strings.Repeat("0", 64), Path: filepath.Join(root, "missing.erofs")}}
+		if err := b.Create(ctx, sp); err == nil {
+			b.Destroy(ctx, sp.ID)
+			t.Fatal("create with a missing layer image succeeded")
+		}
+		sp.Layers = []backend.Layer{base}
+		if err := b.Create(ctx, sp); err != nil {
+			t.Fatalf("create after a failed one: %v", err)
+		}
+		if err := b.Destroy(ctx, sp.ID); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("recover after restart", func(t *testing.T) {
+		ctx := context.Background()
+		root := t.TempDir()
+		b1 := f.New(t, root)
+		sp := spec(unique("rec"))
+		sp.Backend = b1.Name()
+		if err := b1.Create(ctx, sp); err != nil {
+			t.Fatal(err)
+		}
+		run(t, agentOf(b1, sp.ID), "echo kept > /kept")
+		b2 := f.New(t, root) // the same node after an edge restart
+		t.Cleanup(func() { b2.Destroy(context.Background(), sp.ID) })
+		specs, err := b2.Recover(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(specs) != 1 || specs[0].ID != sp.ID {
+			t.Fatalf("recovered %+v", specs)
+		}
+		if out := run(t, agentOf(b2, sp.ID), "cat /kept"); out != "kept\n" {
+			t.Fatalf("after recover: %q", out)
+		}
+		if err := b2.Destroy(ctx, sp.ID); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("parallel creates", func(t *testing.T) {
+		ctx := context.Background()
+		b := f.New(t, t.TempDir())
+		var wg sync.WaitGroup
+		errs := make(chan error, 6)
+		for i := range 6 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				sp := spec(unique("par") + string(rune('a'+i)))
+				sp.Backend = b.Name()
+				if err := b.Create(ctx, sp); err != nil {
+					errs <- err
+					return
+				}
+				defer b.Destroy(ctx, sp.ID)
+				res, err := agentOf(b, sp.ID).Exec(ctx, &api.ExecRequest{Shell: "echo ok"})
+				if err == nil && res.Stdout != "ok\n" {
+					err = errors.New("unexpected output " + res.Stdout)
+				}
+				errs <- err
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+}
+
+var (
+	uniqueMu sync.Mutex
+	uniqueN  int
+)
+
+func unique(prefix string) string {
+	uniqueMu.Lock()
+	defer uniqueMu.Unlock()
+	uniqueN++
+	return prefix + "-" + filepath.Base(os.TempDir()) + "-" + itoa(os.Getpid()) + "-" + itoa(uniqueN)
+}
+
+func itoa(n int) string {
+	if n == 0 {
+		return "0"
+	}
+	var b []byte
+	for ; n > 0; n /= 10 {
+		b = append([]byte{byte('0' + n%10)}, b...)
+	}
+	return string(b)
+}
+
+func agentOf(b backend.Backend, id string) *agent.Client {
+	return agent.NewClient(func(ctx context.Context) (net.Conn, error) { return b.Dial(ctx, id) })
+}
+
+func run(t *testing.T, ag *agent.Client, shell string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	res, err := ag.Exec(ctx, &api.ExecRequest{Shell: shell})
+	if err != nil {
+		t.Fatalf("exec %q: %v", shell, err)
+	}
+	if res.ExitCode != 0 {
+		t.Fatalf("exec %q: exit %d: %s", shell, res.ExitCode, res.Stderr)
+	}
+	return res.Stdout
+}

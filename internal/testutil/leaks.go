@@ -1,0 +1,68 @@
+package testutil
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// SandboxLeaks lists what sandboxes of the server left behind: sandbox
+// directories (with their sockets), mounts under the data dir, runc
+// containers, cgroups under the server's cgroup parent, and processes in
+// those cgroups. Empty means clean.
+func (s *Server) SandboxLeaks() []string {
+	var leaks []string
+	sbDir := filepath.Join(s.DataDir, "edge", "container", "sandboxes")
+	if entries, err := os.ReadDir(sbDir); err == nil {
+		for _, e := range entries {
+			leaks = append(leaks, "directory "+filepath.Join(sbDir, e.Name()))
+		}
+	}
+	if b, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], s.DataDir+"/") {
+				leaks = append(leaks, "mount "+f[4])
+			}
+		}
+	}
+	runcRoot := filepath.Join(s.DataDir, "edge", "container", "runc")
+	if out, err := exec.Command("runc", "--root", runcRoot, "list", "-q").Output(); err == nil {
+		for _, id := range strings.Fields(string(out)) {
+			leaks = append(leaks, "container "+id)
+		}
+	}
+	for _, cg := range s.cgroupDirs() {
+		entries, _ := os.ReadDir(cg)
+		for _, e := range entries {
+			if e.IsDir() {
+				leaks = append(leaks, "cgroup "+filepath.Join(cg, e.Name()))
+			}
+		}
+	}
+	return leaks
+}
+
+// cgroupDirs are the server's cgroup parent in every hierarchy.
+func (s *Server) cgroupDirs() []string {
+	var out []string
+	roots, _ := filepath.Glob("/sys/fs/cgroup/*")
+	roots = append(roots, "/sys/fs/cgroup")
+	for _, r := range roots {
+		p := filepath.Join(r, s.CgroupParent)
+		if st, err := os.Stat(p); err == nil && st.IsDir() {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// RequireNoSandboxLeft fails the test if the server's sandboxes left
+// anything behind.
+func RequireNoSandboxLeft(t testing.TB, s *Server) {
+	t.Helper()
+	if leaks := s.SandboxLeaks(); len(leaks) > 0 {
+		t.Fatalf("left behind:\n  %s", strings.Join(leaks, "\n  "))
+	}
+}

@@ -1,0 +1,274 @@
+package testutil
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/dsec-project/dsec/client"
+)
+
+var (
+	buildOnce sync.Once
+	binDir    string
+	buildErr  error
+)
+
+// RepoRoot is the root of the dsec source tree.
+func RepoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..")
+}
+
+// Binaries builds dsec and a static dsec-agent once per test process and
+// returns the directory holding both.
+func Binaries(t testing.TB) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		binDir, buildErr = os.MkdirTemp("", "dsec-test-bin-")
+		if buildErr != nil {
+			return
+		}
+		for _, b := range []struct{ out, pkg string }{
+			{"dsec-agent", "./cmd/dsec-agent"}, {"dsec", "./cmd/dsec"},
+		} {
+			cmd := exec.Command("go", "build", "-o", filepath.Join(binDir, b.out), b.pkg)
+			cmd.Dir = RepoRoot()
+			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+			if out, err := cmd.CombinedOutput(); err != nil {
+				buildErr = fmt.Errorf("go build %s: %v\n%s", b.pkg, err, out)
+				return
+			}
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binDir
+}
+
+// Server is a real `dsec server` process for end-to-end tests.
+type Server struct {
+	URL     string
+	Key     string // the admin key
+	DataDir string
+	// CgroupParent is the server's own cgroup parent, so that leak checks
+	// see only its sandboxes.
+	CgroupParent string
+	Client  *client.Client // with the admin key
+
+	t    testing.TB
+	args []string
+	cmd  *exec.Cmd
+	done chan struct{}
+	logs *os.File
+}
+
+// ServerRequirements are what StartServer needs from the machine.
+var ServerRequirements = []Requirement{Root, Tool("runc"), Tool("mkfs.erofs"), File("/bin/busybox"), Filesystem("erofs"), Filesystem("overlay")}
+
+// StartServer starts `dsec server` on a free port with its own data dir and
+// returns when it serves. extra flags are passed through. At the end of the
+// test every sandbox it made is destroyed and the server stopped, so tests
+// leave nothing behind even when they fail.
+func StartServer(t testing.TB, extra ...string) *Server {
+	t.Helper()
+	Require(t, ServerRequirements...)
+	bin := Binaries(t)
+	data, err := os.MkdirTemp("", "dsec-test-data-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &Server{DataDir: data, t: t, CgroupParent: "dsec-test-" + filepath.Base(data)}
+	s.args = append([]string{"server", "--data", data, "--listen", "127.0.0.1:0",
+		"--node-id", "test-node", "--agent", filepath.Join(bin, "dsec-agent"),
+		"--cgroup-parent", s.CgroupParent}, extra...)
+	s.start()
+	t.Cleanup(s.cleanup)
+	return s
+}
+
+var readyRE = regexp.MustCompile(`msg="dsec server ready" addr=(\S+)`)
+
+func (s *Server) start() {
+	t := s.t
+	t.Helper()
+	logs, err := os.OpenFile(filepath.Join(s.DataDir, "server.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.logs = logs
+	cmd := exec.Command(filepath.Join(Binaries(t), "dsec"), s.args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = logs, pw
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pw.Close()
+	s.cmd, s.done = cmd, make(chan struct{})
+	go func() { cmd.Wait(); close(s.done) }()
+
+	addr := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(pr)
+		sent := false
+		for sc.Scan() {
+			line := sc.Text()
+			fmt.Fprintln(logs, line)
+			if m := readyRE.FindStringSubmatch(line); m != nil && !sent {
+				addr <- m[1]
+				sent = true
+			}
+		}
+		if !sent {
+			close(addr)
+		}
+	}()
+	select {
+	case a, ok := <-addr:
+		if !ok {
+			t.Fatalf("dsec server exited before it was ready:\n%s", s.Logs())
+		}
+		s.URL = "http://" + a
+	case <-time.After(60 * time.Second):
+		t.Fatalf("dsec server not ready after 60s:\n%s", s.Logs())
+	}
+	key, err := os.ReadFile(filepath.Join(s.DataDir, "admin.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Key = strings.TrimSpace(string(key))
+	s.Client = client.New(s.URL, s.Key)
+}
+
+// Logs returns what the server logged so far.
+func (s *Server) Logs() string {
+	b, _ := os.ReadFile(filepath.Join(s.DataDir, "server.log"))
+	return string(b)
+}
+
+// Kill kills the server with SIGKILL, as a crash would, and waits for it.
+// Its sandboxes keep running.
+func (s *Server) Kill() {
+	s.cmd.Process.Signal(syscall.SIGKILL)
+	<-s.done
+	s.logs.Close()
+}
+
+// Restart starts the server again on the same data dir (after Kill).
+func (s *Server) Restart() {
+	s.t.Helper()
+	if i := indexOf(s.args, "--listen"); i >= 0 {
+		s.args[i+1] = strings.TrimPrefix(s.URL, "http://") // keep the port
+	}
+	s.start()
+}
+
+func indexOf(list []string, v string) int {
+	for i, x := range list {
+		if x == v {
+			return i
+		}
+	}
+	return -1
+}
+
+// cleanup destroys every sandbox of every tenant and stops the server, then
+// removes what a crashed server may have left: containers, mounts, the
+// data dir.
+func (s *Server) cleanup() {
+	select {
+	case <-s.done:
+	default:
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		s.destroyAll(ctx)
+		s.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-s.done:
+		case <-time.After(10 * time.Second):
+			s.cmd.Process.Signal(syscall.SIGKILL)
+			<-s.done
+		}
+	}
+	s.logs.Close()
+	runcRoot := filepath.Join(s.DataDir, "edge", "container", "runc")
+	if out, err := exec.Command("runc", "--root", runcRoot, "list", "-q").Output(); err == nil {
+		for _, id := range strings.Fields(string(out)) {
+			exec.Command("runc", "--root", runcRoot, "delete", "--force", id).Run()
+		}
+	}
+	UnmountAll(s.DataDir)
+	for _, cg := range s.cgroupDirs() {
+		entries, _ := os.ReadDir(cg)
+		for _, e := range entries {
+			syscall.Rmdir(filepath.Join(cg, e.Name()))
+		}
+		syscall.Rmdir(cg)
+	}
+	if s.t.Failed() && os.Getenv("DSEC_KEEP_TEST_DATA") != "" {
+		s.t.Logf("keeping %s", s.DataDir)
+		return
+	}
+	os.RemoveAll(s.DataDir)
+}
+
+// destroyAll deletes the sandboxes of every tenant through the API. Keys of
+// other tenants are unknown here, so it mints an admin key per tenant.
+func (s *Server) destroyAll(ctx context.Context) {
+	tenants, err := s.Client.ListTenants(ctx)
+	if err != nil {
+		return
+	}
+	for _, tn := range tenants {
+		c := s.Client
+		if tn.ID != "t-admin" {
+			k, err := s.Client.CreateKey(ctx, tn.ID, false)
+			if err != nil {
+				continue
+			}
+			c = client.New(s.URL, k.Secret)
+		}
+		for {
+			page, err := c.ListSandboxes(ctx, client.ListOptions{Limit: 1000})
+			if err != nil || len(page.Sandboxes) == 0 {
+				break
+			}
+			for _, sb := range page.Sandboxes {
+				c.DeleteSandbox(ctx, sb.ID)
+			}
+		}
+	}
+}
+
+// UnmountAll unmounts everything mounted under dir, deepest first.
+func UnmountAll(dir string) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return
+	}
+	var mps []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
+			mps = append(mps, f[4])
+		}
+	}
+	for i := len(mps) - 1; i >= 0; i-- {
+		syscall.Unmount(mps[i], syscall.MNT_DETACH)
+	}
+}
