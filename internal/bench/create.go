@@ -124,7 +124,7 @@ func cycles(ctx context.Context, cfg CreateConfig, n, conc int) (cycleResult, er
 			defer func() { <-sem }()
 			t0 := time.Now()
 			sb, err := cfg.Client.CreateSandbox(ctx, &api.CreateSandboxRequest{
-				Layers: &api.LayerRefs{Base: cfg.Base}, Resources: api.Resources{CPU: 0.1, MemoryMB: 64},
+				Layers: &api.LayerRefs{Base: cfg.Base}, Resources: api.Resources{CPU: 0.5, MemoryMB: 128},
 			})
 			if err == nil {
 				_, err = cfg.Client.Exec(ctx, sb.ID, &api.ExecRequest{Cmd: []string{"true"}})

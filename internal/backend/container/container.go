@@ -27,6 +27,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -202,15 +203,18 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (err error) {
 			b.teardown(context.WithoutCancel(ctx), spec.ID, rec)
 		}
 	}()
+	t0 := time.Now()
 	if err := b.acquire(ctx, rec); err != nil {
 		return err
 	}
+	t1 := time.Now()
 	if err := b.start(ctx, rec); err != nil {
 		return err
 	}
 	if err := writeJSON(filepath.Join(dir, "sandbox.json"), rec); err != nil {
 		return fmt.Errorf("create sandbox %s: %w", spec.ID, err)
 	}
+	b.log.Debug("created", "sandbox", spec.ID, "layers", t1.Sub(t0), "start", time.Since(t1))
 	b.mu.Lock()
 	b.sandboxes[spec.ID] = rec
 	b.mu.Unlock()
@@ -286,9 +290,15 @@ func (b *Backend) start(ctx context.Context, rec *record) (err error) {
 		return fmt.Errorf("start sandbox %s: %w", id, err)
 	}
 	defer logf.Close()
+	t0 := time.Now()
+	defer func() { b.log.Debug("started container", "sandbox", id, "runc_run", time.Since(t0)) }()
 	if err := b.runc.run(ctx, id, dir, listener, logf); err != nil {
 		b.runc.delete(context.WithoutCancel(ctx), id)
 		return err
+	}
+	if err := b.runc.setCPUQuota(id, rec.Spec.Resources.CPU); err != nil {
+		b.runc.delete(context.WithoutCancel(ctx), id)
+		return fmt.Errorf("start sandbox %s: cpu quota: %w", id, err)
 	}
 	return nil
 }

@@ -5,9 +5,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 
@@ -83,8 +86,26 @@ func (r runc) simple(ctx context.Context, args ...string) error {
 
 // delete kills every process of the container and removes it and its
 // cgroup. A missing container is not an error.
+//
+// It does itself what `runc delete --force` does — kill the init, wait,
+// remove the cgroups and runc's state directory — which saves a runc
+// process and runc's fixed 100 ms sleep; runc takes over if that fails.
 func (r runc) delete(ctx context.Context, id string) error {
-	err := r.simple(ctx, "delete", "--force", id)
+	st, err := r.readState(id)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err == nil {
+		if err = r.stop(ctx, id, st); err == nil {
+			if err = removeCgroups(st.CgroupPaths); err == nil {
+				if err = os.RemoveAll(filepath.Join(r.root, id)); err == nil {
+					return nil
+				}
+			}
+		}
+	}
+	slog.Debug("fast delete failed; runc delete --force takes over", "sandbox", id, "err", err)
+	err = r.simple(ctx, "delete", "--force", id)
 	if err != nil && strings.Contains(err.Error(), "not found") {
 		return nil
 	}

@@ -107,10 +107,9 @@ func resources(r api.Resources) *specs.LinuxResources {
 		out.Memory = &specs.LinuxMemory{Limit: &limit, Swap: &limit}
 	}
 	if r.CPU > 0 {
-		period := uint64(100000)
-		quota := int64(r.CPU * float64(period))
-		shares := uint64(r.CPU * 1024)
-		out.CPU = &specs.LinuxCPU{Period: &period, Quota: &quota, Shares: &shares}
+		// The quota is written after start (runc.setCPUQuota).
+		shares := uint64(max(r.CPU*1024, 2))
+		out.CPU = &specs.LinuxCPU{Shares: &shares}
 	}
 	if r.Pids > 0 {
 		limit := r.Pids
