@@ -1,6 +1,7 @@
 package api
 
 import (
+	"bytes"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -78,7 +79,9 @@ func (n *Network) UnmarshalJSON(b []byte) error {
 	}
 	type plain Network
 	var p plain
-	if err := json.Unmarshal(b, &p); err != nil {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&p); err != nil {
 		return fmt.Errorf("network: want a mode string or {\"mode\", \"allow\"}: %w", err)
 	}
 	*n = Network(p)
@@ -284,4 +287,25 @@ func decodeOutput(s, encoding string) ([]byte, error) {
 		return base64.StdEncoding.DecodeString(s)
 	}
 	return []byte(s), nil
+}
+
+// ProcessList is the body of GET /v1/sandboxes/{id}/processes.
+type ProcessList struct {
+	Processes []Process `json:"processes"`
+}
+
+// FileWritten is the body of a successful file upload.
+type FileWritten struct {
+	Path string `json:"path"`
+	Size int64  `json:"size"`
+}
+
+// TenantList is the body of GET /v1/tenants.
+type TenantList struct {
+	Tenants []Tenant `json:"tenants"`
+}
+
+// KeyList is the body of GET /v1/tenants/{id}/keys.
+type KeyList struct {
+	Keys []APIKey `json:"keys"`
 }

@@ -65,7 +65,7 @@ func (c *Client) CreateTenant(ctx context.Context, name string) (*api.Tenant, er
 
 // ListTenants lists tenants (admin only).
 func (c *Client) ListTenants(ctx context.Context) ([]api.Tenant, error) {
-	var out struct{ Tenants []api.Tenant }
+	var out api.TenantList
 	if err := c.do(ctx, http.MethodGet, "/v1/tenants", nil, nil, &out); err != nil {
 		return nil, err
 	}
@@ -81,6 +81,15 @@ func (c *Client) CreateKey(ctx context.Context, tenant string, admin bool) (*api
 		return nil, err
 	}
 	return &k, nil
+}
+
+// ListKeys lists a tenant's keys, without their secrets (admin only).
+func (c *Client) ListKeys(ctx context.Context, tenant string) ([]api.APIKey, error) {
+	var out api.KeyList
+	if err := c.do(ctx, http.MethodGet, "/v1/tenants/"+url.PathEscape(tenant)+"/keys", nil, nil, &out); err != nil {
+		return nil, err
+	}
+	return out.Keys, nil
 }
 
 // DeleteKey revokes a key (admin only).
@@ -99,6 +108,35 @@ func (c *Client) ListNodes(ctx context.Context) ([]api.Node, error) {
 
 func procPath(id, proc string) string {
 	return "/v1/sandboxes/" + url.PathEscape(id) + "/processes/" + url.PathEscape(proc)
+}
+
+// ListProcesses lists a sandbox's background processes.
+func (c *Client) ListProcesses(ctx context.Context, id string) ([]api.Process, error) {
+	var out api.ProcessList
+	if err := c.do(ctx, http.MethodGet, "/v1/sandboxes/"+url.PathEscape(id)+"/processes", nil, nil, &out); err != nil {
+		return nil, err
+	}
+	return out.Processes, nil
+}
+
+// DeleteProcess forgets an exited background process.
+func (c *Client) DeleteProcess(ctx context.Context, id, proc string) error {
+	return c.do(ctx, http.MethodDelete, procPath(id, proc), nil, nil, nil)
+}
+
+// FollowOutput streams a background process's stdout or stderr from
+// offset until it exits; the caller closes the reader.
+func (c *Client) FollowOutput(ctx context.Context, id, proc, stream string, offset int64) (io.ReadCloser, error) {
+	q := url.Values{"stream": {stream}, "offset": {strconv.FormatInt(offset, 10)}, "follow": {"true"}}
+	req, err := c.newRequest(ctx, http.MethodGet, procPath(id, proc)+"/output", q, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.send(req)
+	if err != nil {
+		return nil, err
+	}
+	return resp.Body, nil
 }
 
 // GetProcess reads a background process.
@@ -150,8 +188,8 @@ func (c *Client) ReadOutput(ctx context.Context, id, proc, stream string, offset
 	return &Output{Data: data, Offset: h("X-Dsec-Offset"), Next: h("X-Dsec-Next-Offset"), Dropped: h("X-Dsec-Dropped")}, nil
 }
 
-// SignalProcess sends a signal (TERM, KILL, INT, HUP) to a background
-// process's group.
+// SignalProcess sends a signal (TERM, KILL, INT, HUP, QUIT, USR1, USR2)
+// to a background process's group.
 func (c *Client) SignalProcess(ctx context.Context, id, proc, signal string) error {
 	return c.do(ctx, http.MethodPost, procPath(id, proc)+"/signal", url.Values{"signal": {signal}}, nil, nil)
 }

@@ -185,6 +185,8 @@ type ListOptions struct {
 	PageToken string
 	// All includes deleted and failed sandboxes.
 	All bool
+	// States, if set, lists only sandboxes in these states.
+	States []string
 }
 
 // ListSandboxes lists one page of the tenant's sandboxes.
@@ -200,7 +202,10 @@ func (c *Client) ListSandboxes(ctx context.Context, o ListOptions) (*api.Sandbox
 		q.Set("page_token", o.PageToken)
 	}
 	if o.All {
-		q.Set("all", "1")
+		q.Set("all", "true")
+	}
+	if len(o.States) > 0 {
+		q.Set("state", strings.Join(o.States, ","))
 	}
 	var out api.SandboxList
 	if err := c.do(ctx, http.MethodGet, "/v1/sandboxes", q, nil, &out); err != nil {
@@ -267,6 +272,11 @@ func (c *Client) ExecStream(ctx context.Context, id string, req *api.ExecRequest
 		return nil, err
 	}
 	defer resp.Body.Close()
+	if strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
+		// Not a stream: a background exec answers with its handle.
+		var res api.ExecResult
+		return &res, decode(resp.Body, &res)
+	}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 16<<20)
 	for sc.Scan() {

@@ -49,7 +49,7 @@ func tenantCmd(ctx context.Context, args []string) error {
 
 func keyCmd(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return errors.New("usage: dsec key create --tenant ID [--admin] | rm ID")
+		return errors.New("usage: dsec key create --tenant ID [--admin] | ls --tenant ID | rm ID")
 	}
 	sub, args := args[0], args[1:]
 	fs := flag.NewFlagSet("dsec key "+sub, flag.ContinueOnError)
@@ -71,6 +71,20 @@ func keyCmd(ctx context.Context, args []string) error {
 		}
 		fmt.Println(k.Secret)
 		return nil
+	case "ls", "list":
+		if *tenant == "" {
+			return errors.New("usage: dsec key ls --tenant ID")
+		}
+		ks, err := newClient().ListKeys(ctx, *tenant)
+		if err != nil {
+			return printErrorCode(err)
+		}
+		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "ID\tADMIN\tCREATED")
+		for _, k := range ks {
+			fmt.Fprintf(tw, "%s\t%v\t%s\n", k.ID, k.Admin, k.CreatedAt.Local().Format(time.DateTime))
+		}
+		return tw.Flush()
 	case "rm", "delete":
 		if len(pos) != 1 {
 			return errors.New("usage: dsec key rm ID")

@@ -103,7 +103,7 @@ func clientFlags(fs *flag.FlagSet) func() *client.Client {
 // localAdminKey reads the all-in-one server's admin key when the CLI runs
 // on the same machine, so that a newcomer's first commands just work.
 func localAdminKey() string {
-	for _, p := range []string{".dsec/admin.key", "/var/lib/dsec/admin.key"} {
+	for _, p := range []string{defaultDataDir() + "/admin.key", "/var/lib/dsec/admin.key"} {
 		if b, err := os.ReadFile(p); err == nil {
 			return strings.TrimSpace(string(b))
 		}

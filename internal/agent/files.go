@@ -19,12 +19,6 @@ import (
 	"github.com/dsec-project/dsec/internal/errdefs"
 )
 
-// FileWritten is the body of a successful PUT /files.
-type FileWritten struct {
-	Path string `json:"path"`
-	Size int64  `json:"size"`
-}
-
 // cleanPath checks a path given to the API and returns it cleaned, and
 // relative to the root for openat2 ("." for the root itself).
 func cleanPath(p string) (clean, rel string, err error) {
@@ -230,7 +224,7 @@ func (s *Server) handlePutFile(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, &FileWritten{Path: clean, Size: n})
+	writeJSON(w, http.StatusOK, &api.FileWritten{Path: clean, Size: n})
 }
 
 func (s *Server) tooLarge(clean string) error {

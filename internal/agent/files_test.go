@@ -10,7 +10,6 @@ import (
 	"testing"
 
 	"github.com/dsec-project/dsec/api"
-	"github.com/dsec-project/dsec/internal/agent"
 )
 
 func filesURL(p string, extra ...string) string {
@@ -27,7 +26,7 @@ func TestFiles(t *testing.T) {
 	t.Run("write creates parents and reads back", func(t *testing.T) {
 		resp, body := put(t, "/a/b/c.txt", "hello", "mode=0600")
 		wantStatus(t, resp, body, http.StatusOK)
-		if w := decode[agent.FileWritten](t, body); w.Path != "/a/b/c.txt" || w.Size != 5 {
+		if w := decode[api.FileWritten](t, body); w.Path != "/a/b/c.txt" || w.Size != 5 {
 			t.Errorf("written %+v", w)
 		}
 		fi, err := os.Stat(filepath.Join(root, "a/b/c.txt"))

@@ -26,11 +26,6 @@ const (
 	HeaderDropped    = "X-Dsec-Dropped"     // bytes of the stream lost to the ring so far
 )
 
-// ProcessList is the body of GET /procs.
-type ProcessList struct {
-	Processes []api.Process `json:"processes"`
-}
-
 // proc is a background process and its output.
 type proc struct {
 	n              int // its number, in start order
@@ -180,7 +175,7 @@ func (s *Server) proc(w http.ResponseWriter, r *http.Request) *proc {
 }
 
 func (s *Server) handleListProcs(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, &ProcessList{Processes: s.procs.list()})
+	writeJSON(w, http.StatusOK, &api.ProcessList{Processes: s.procs.list()})
 }
 
 func (s *Server) handleGetProc(w http.ResponseWriter, r *http.Request) {

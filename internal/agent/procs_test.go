@@ -63,7 +63,7 @@ func TestBackground(t *testing.T) {
 		}
 		resp, body := a.do("GET", "/procs", nil)
 		wantStatus(t, resp, body, http.StatusOK)
-		if l := decode[agent.ProcessList](t, body); len(l.Processes) != 1 || l.Processes[0].ID != p.ID {
+		if l := decode[api.ProcessList](t, body); len(l.Processes) != 1 || l.Processes[0].ID != p.ID {
 			t.Errorf("list %+v", l)
 		}
 		eventually(t, "output appears", func() bool { return a.process(t, "/procs/"+p.ID).OutputSize == 11 })

@@ -30,6 +30,7 @@ var classes = []struct {
 	err  error
 	code string
 }{
+	{context.DeadlineExceeded, api.CodeDeadlineExceeded},
 	{ErrInvalid, api.CodeInvalid},
 	{ErrUnauthenticated, api.CodeUnauthenticated},
 	{ErrPermissionDenied, api.CodePermissionDenied},
@@ -39,7 +40,6 @@ var classes = []struct {
 	{ErrTooLarge, api.CodeTooLarge},
 	{ErrResourceExhausted, api.CodeResourceExhausted},
 	{ErrUnavailable, api.CodeUnavailable},
-	{context.DeadlineExceeded, api.CodeDeadlineExceeded},
 }
 
 // Invalid returns an ErrInvalid with a message.

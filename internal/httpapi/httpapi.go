@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 
 	"github.com/dsec-project/dsec/api"
@@ -19,6 +20,10 @@ import (
 
 // MaxJSONBody bounds JSON request bodies.
 const MaxJSONBody = 4 << 20
+
+// ErrEmptyBody is returned by DecodeJSON for a request without a body, for
+// handlers where the body is optional.
+var ErrEmptyBody = fmt.Errorf("empty request body: %w", errdefs.ErrInvalid)
 
 // WriteJSON writes v with a status.
 func WriteJSON(w http.ResponseWriter, status int, v any) {
@@ -30,13 +35,15 @@ func WriteJSON(w http.ResponseWriter, status int, v any) {
 }
 
 // WriteError writes err as {"error": {"code", "message"}} with the status
-// of its class. Internal errors are logged and their detail kept out of the
-// response unless they carry a class.
+// of its class. Internal errors are logged; the client gets a reference to
+// the log line, not the detail (host paths, runtime messages).
 func WriteError(w http.ResponseWriter, r *http.Request, err error) {
 	code := errdefs.Code(err)
 	msg := err.Error()
 	if code == api.CodeInternal {
-		slog.Error("internal error", "method", r.Method, "path", r.URL.Path, "err", err)
+		ref := fmt.Sprintf("%08x", rand.Uint32())
+		slog.Error("internal error", "ref", ref, "method", r.Method, "path", r.URL.Path, "err", err)
+		msg = "internal error (ref " + ref + " in the server log)"
 	}
 	WriteJSON(w, api.HTTPStatus(code), api.ErrorResponse{Error: &api.Error{Code: code, Message: msg}})
 }
@@ -54,7 +61,7 @@ func DecodeJSON(r *http.Request, v any) error {
 			return fmt.Errorf("request body over %d bytes: %w", MaxJSONBody, errdefs.ErrTooLarge)
 		}
 		if errors.Is(err, io.EOF) {
-			return errdefs.Invalid("empty request body")
+			return ErrEmptyBody
 		}
 		return errdefs.Invalid("malformed JSON body: %v", err)
 	}

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"regexp"
@@ -47,16 +48,14 @@ func (s *Server) listTenants(w http.ResponseWriter, r *http.Request) error {
 	for _, t := range ts {
 		out = append(out, tenantAPI(t))
 	}
-	httpapi.WriteJSON(w, http.StatusOK, map[string]any{"tenants": out})
+	httpapi.WriteJSON(w, http.StatusOK, api.TenantList{Tenants: out})
 	return nil
 }
 
 func (s *Server) createKey(w http.ResponseWriter, r *http.Request) error {
 	var req api.CreateKeyRequest
-	if r.ContentLength != 0 {
-		if err := httpapi.DecodeJSON(r, &req); err != nil {
-			return err
-		}
+	if err := httpapi.DecodeJSON(r, &req); err != nil && !errors.Is(err, httpapi.ErrEmptyBody) {
+		return err
 	}
 	tenant := r.PathValue("id")
 	if _, err := s.store.GetTenant(r.Context(), tenant); err != nil {
@@ -73,6 +72,9 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) listKeys(w http.ResponseWriter, r *http.Request) error {
+	if _, err := s.store.GetTenant(r.Context(), r.PathValue("id")); err != nil {
+		return err
+	}
 	ks, err := s.store.ListKeys(r.Context(), r.PathValue("id"))
 	if err != nil {
 		return err
@@ -81,7 +83,7 @@ func (s *Server) listKeys(w http.ResponseWriter, r *http.Request) error {
 	for _, k := range ks {
 		out = append(out, keyAPI(k))
 	}
-	httpapi.WriteJSON(w, http.StatusOK, map[string]any{"keys": out})
+	httpapi.WriteJSON(w, http.StatusOK, api.KeyList{Keys: out})
 	return nil
 }
 

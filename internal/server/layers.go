@@ -76,7 +76,10 @@ func (s *Server) createLayer(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	public := q.Get("public") == "1" || q.Get("public") == "true"
+	public, err := queryBool(q, "public")
+	if err != nil {
+		return err
+	}
 	if public && !p.Admin {
 		return fmt.Errorf("only an admin can publish a public layer: %w", errdefs.ErrPermissionDenied)
 	}

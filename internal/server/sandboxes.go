@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -92,7 +93,7 @@ func (s *Server) validate(ctx context.Context, tenant string, req api.CreateSand
 	if req.TTLSeconds < 0 {
 		return plan{}, errdefs.Invalid("ttl_seconds must not be negative")
 	}
-	if time.Duration(req.TTLSeconds)*time.Second > s.cfg.MaxTTL {
+	if req.TTLSeconds > int64(s.cfg.MaxTTL/time.Second) {
 		return plan{}, errdefs.Invalid("ttl_seconds over the maximum of %d", int64(s.cfg.MaxTTL.Seconds()))
 	}
 	if len(req.Labels) > 64 {
@@ -280,7 +281,9 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 	}
 	if st := q.Get("state"); st != "" {
 		f.States = strings.Split(st, ",")
-	} else if q.Get("all") == "" {
+	} else if all, err := queryBool(q, "all"); err != nil {
+		return err
+	} else if !all {
 		f.States = []string{api.StateCreating, api.StateRunning, api.StatePaused, api.StateLost}
 	}
 	list, next, err := s.store.ListSandboxes(r.Context(), f)
@@ -338,35 +341,32 @@ func (s *Server) destroy(ctx context.Context, sb store.Sandbox) error {
 }
 
 func (s *Server) resetSandbox(w http.ResponseWriter, r *http.Request) error {
-	return s.lifecycle(w, r, api.StateRunning, func(ctx context.Context, c *edge.Client, id string) error {
-		return c.Reset(ctx, id)
-	})
+	return s.lifecycle(w, r, []string{api.StateRunning, api.StatePaused}, api.StateRunning,
+		func(ctx context.Context, c *edge.Client, id string) error { return c.Reset(ctx, id) })
 }
 
 func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) error {
-	return s.lifecycle(w, r, api.StatePaused, func(ctx context.Context, c *edge.Client, id string) error {
-		return c.Pause(ctx, id)
-	})
+	return s.lifecycle(w, r, []string{api.StateRunning}, api.StatePaused,
+		func(ctx context.Context, c *edge.Client, id string) error { return c.Pause(ctx, id) })
 }
 
 func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) error {
-	return s.lifecycle(w, r, api.StateRunning, func(ctx context.Context, c *edge.Client, id string) error {
-		return c.Resume(ctx, id)
-	})
+	return s.lifecycle(w, r, []string{api.StatePaused}, api.StateRunning,
+		func(ctx context.Context, c *edge.Client, id string) error { return c.Resume(ctx, id) })
 }
 
-// lifecycle runs an operation on a running or paused sandbox's node and
-// records the state it leaves the sandbox in.
-func (s *Server) lifecycle(w http.ResponseWriter, r *http.Request, after string,
+// lifecycle runs an operation on a sandbox in one of the states from, on
+// its node, and records the state it leaves the sandbox in.
+func (s *Server) lifecycle(w http.ResponseWriter, r *http.Request, from []string, after string,
 	op func(context.Context, *edge.Client, string) error) error {
-	ctx := r.Context()
-	sb, err := s.sandboxFor(ctx, r.PathValue("id"))
+	sb, err := s.sandboxFor(r.Context(), r.PathValue("id"))
 	if err != nil {
 		return err
 	}
-	switch sb.API.State {
-	case api.StateRunning, api.StatePaused:
-	case api.StateDeleted, api.StateFailed:
+	ctx := context.WithoutCancel(r.Context()) // once started, see it through
+	switch {
+	case slices.Contains(from, sb.API.State):
+	case sb.API.State == api.StateDeleted || sb.API.State == api.StateFailed:
 		return errdefs.NotFound("sandbox %s is %s", sb.API.ID, sb.API.State)
 	default:
 		return fmt.Errorf("sandbox %s is %s: %w", sb.API.ID, sb.API.State, errdefs.ErrFailedPrecondition)
@@ -375,7 +375,7 @@ func (s *Server) lifecycle(w http.ResponseWriter, r *http.Request, after string,
 	if err != nil {
 		return err
 	}
-	if err := op(context.WithoutCancel(ctx), n.client, sb.API.ID); err != nil {
+	if err := op(ctx, n.client, sb.API.ID); err != nil {
 		return err
 	}
 	sb.API.State = after
@@ -392,7 +392,7 @@ func (s *Server) reapExpired(ctx context.Context) {
 	now := time.Now().UTC()
 	list, _, err := s.store.ListSandboxes(ctx, store.SandboxFilter{
 		AllTenants: true, ExpiredBy: &now, Limit: 1000,
-		States: []string{api.StateCreating, api.StateRunning, api.StatePaused, api.StateLost, api.StateFailed},
+		States: []string{api.StateCreating, api.StateRunning, api.StatePaused, api.StateLost},
 	})
 	if err != nil {
 		s.log.Warn("reap: list expired", "err", err)

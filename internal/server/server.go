@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"runtime/debug"
 	"strconv"
 	"sync"
@@ -174,6 +175,20 @@ func (s *Server) Handler() http.Handler {
 		httpapi.WriteError(w, r, errdefs.NotFound("no route %s %s", r.Method, r.URL.Path))
 	}))
 	return mux
+}
+
+// queryBool reads a boolean query parameter: absent is false; a value
+// strconv.ParseBool does not take is an error.
+func queryBool(q url.Values, name string) (bool, error) {
+	v := q.Get(name)
+	if v == "" {
+		return false, nil
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return false, errdefs.Invalid("query parameter %s=%q: want true or false", name, v)
+	}
+	return b, nil
 }
 
 // authenticated wraps a handler that returns an error: it checks the key,

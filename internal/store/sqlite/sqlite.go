@@ -428,7 +428,7 @@ func (s *Store) TouchSandbox(ctx context.Context, id string, t time.Time) error 
 	return nil
 }
 
-var labelKey = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$`)
+var labelKey = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$`)
 
 // ListSandboxes implements store.Store. Pages are in id order; the page
 // token is the last id of the previous page.
