@@ -38,6 +38,9 @@ type Store interface {
 
 	// CreateSandbox inserts a record and sets its Version.
 	CreateSandbox(ctx context.Context, s *Sandbox) error
+	// CreateSandboxes inserts many records in one transaction, all or none,
+	// and sets their Versions: the bulk path of a batch create.
+	CreateSandboxes(ctx context.Context, list []*Sandbox) error
 	GetSandbox(ctx context.Context, id string) (Sandbox, error)
 	// UpdateSandbox replaces a sandbox's record if its Version is still the
 	// stored one, and bumps Version. It fails with ErrNotFound if the

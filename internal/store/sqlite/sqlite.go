@@ -366,6 +366,44 @@ func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	return nil
 }
 
+// CreateSandboxes implements store.Store: one transaction, one prepared
+// statement.
+func (s *Store) CreateSandboxes(ctx context.Context, list []*store.Sandbox) error {
+	if len(list) == 0 {
+		return nil
+	}
+	tx, err := s.w.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("create sandboxes: %w", err)
+	}
+	defer tx.Rollback()
+	stmt, err := tx.PrepareContext(ctx, `INSERT INTO sandboxes (tenant, state, node, expires_at, deleted_at,
+		last_active, doc, id, version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1)`)
+	if err != nil {
+		return fmt.Errorf("create sandboxes: %w", err)
+	}
+	defer stmt.Close()
+	for _, sb := range list {
+		args, err := sandboxArgs(sb)
+		if err != nil {
+			return err
+		}
+		if _, err := stmt.ExecContext(ctx, args...); err != nil {
+			if isUnique(err) {
+				return fmt.Errorf("sandbox %s: %w", sb.API.ID, errdefs.ErrAlreadyExists)
+			}
+			return fmt.Errorf("create sandboxes: %w", err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("create sandboxes: %w", err)
+	}
+	for _, sb := range list {
+		sb.Version = 1
+	}
+	return nil
+}
+
 // GetSandbox implements store.Store.
 func (s *Store) GetSandbox(ctx context.Context, id string) (store.Sandbox, error) {
 	sb, err := scanSandbox(s.r.QueryRowContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE id = ?`, id))

@@ -187,6 +187,52 @@ func Run(t *testing.T, open func(t *testing.T) store.Store, reopen func(t *testi
 		}
 	})
 
+	t.Run("sandboxes: bulk insert is all or nothing", func(t *testing.T) {
+		s := open(t)
+		exp := now.Add(time.Hour)
+		var list []*store.Sandbox
+		for i := range 500 {
+			list = append(list, &store.Sandbox{
+				API: api.Sandbox{
+					ID: fmt.Sprintf("sb-bulk-%03d", i), State: api.StateCreating, Node: "n1",
+					Labels: map[string]string{api.LabelBatch: "b1"}, CreatedAt: now, ExpiresAt: &exp,
+				},
+				Tenant: "a", LastActive: now,
+			})
+		}
+		if err := s.CreateSandboxes(ctx, list); err != nil {
+			t.Fatal(err)
+		}
+		for _, sb := range list {
+			if sb.Version != 1 {
+				t.Fatalf("%s: Version %d after bulk insert, want 1", sb.API.ID, sb.Version)
+			}
+		}
+		got, _, err := s.ListSandboxes(ctx, store.SandboxFilter{Tenant: "a", Labels: map[string]string{api.LabelBatch: "b1"}})
+		if err != nil || len(got) != 500 {
+			t.Fatalf("batch listed by label: %d, %v", len(got), err)
+		}
+		// An update through the single-record path works on a bulk record.
+		one := got[7]
+		one.API.State = api.StateRunning
+		if err := s.UpdateSandbox(ctx, &one); err != nil {
+			t.Fatalf("update a bulk-inserted record: %v", err)
+		}
+		dup := []*store.Sandbox{
+			{API: api.Sandbox{ID: "sb-bulk-new-1", State: api.StateCreating}, Tenant: "a"},
+			{API: api.Sandbox{ID: "sb-bulk-010", State: api.StateCreating}, Tenant: "a"},
+		}
+		if err := s.CreateSandboxes(ctx, dup); !errors.Is(err, errdefs.ErrAlreadyExists) {
+			t.Fatalf("bulk insert with a duplicate id: %v, want ErrAlreadyExists", err)
+		}
+		if _, err := s.GetSandbox(ctx, "sb-bulk-new-1"); !errors.Is(err, errdefs.ErrNotFound) {
+			t.Fatalf("a failed bulk insert left a record behind: %v", err)
+		}
+		if err := s.CreateSandboxes(ctx, nil); err != nil {
+			t.Fatalf("empty bulk insert: %v", err)
+		}
+	})
+
 	t.Run("nodes", func(t *testing.T) {
 		s := open(t)
 		n := store.Node{ID: "n1", Addr: "unix:///x", State: "up", Capacity: api.Resources{CPU: 2, MemoryMB: 1024}, LastSeen: now}
