@@ -139,23 +139,37 @@ func (s *Server) fillResources(r *api.Resources) error {
 	return nil
 }
 
-// create places and builds one sandbox and records it. It is the one path
-// every create takes.
+// create places and builds one sandbox and records it. Every create takes
+// this path or, for batches, the same newRecord and build steps.
 func (s *Server) create(ctx context.Context, tenant string, p plan) (store.Sandbox, error) {
-	start := time.Now()
 	req := p.req
 	nodeID, err := s.sched.Reserve(scheduler.Request{Backend: req.Backend, Resources: req.Resources})
 	if err != nil {
 		s.metrics.creates.WithLabelValues(req.Backend, errdefs.Code(err)).Inc()
 		return store.Sandbox{}, err
 	}
-	now := time.Now().UTC()
+	sb := s.newRecord(tenant, p, nodeID, time.Now().UTC())
+	if err := s.store.CreateSandbox(ctx, &sb); err != nil {
+		s.sched.Release(nodeID, req.Resources)
+		s.metrics.creates.WithLabelValues(req.Backend, errdefs.Code(err)).Inc()
+		return store.Sandbox{}, err
+	}
+	if err := s.build(ctx, &sb, p); err != nil {
+		return store.Sandbox{}, err
+	}
+	return sb, nil
+}
+
+// newRecord is the record, in state creating, of a sandbox placed on
+// nodeID.
+func (s *Server) newRecord(tenant string, p plan, nodeID string, now time.Time) store.Sandbox {
+	req := p.req
 	ttl := time.Duration(req.TTLSeconds) * time.Second
 	if ttl == 0 {
 		ttl = s.cfg.DefaultTTL
 	}
 	expires := now.Add(ttl)
-	sb := store.Sandbox{
+	return store.Sandbox{
 		API: api.Sandbox{
 			ID: "sb-" + randomID(10), Backend: req.Backend, State: api.StateCreating, Node: nodeID,
 			Layers: *req.Layers, Resources: req.Resources, Network: *req.Network, Phase: req.Phase,
@@ -163,38 +177,49 @@ func (s *Server) create(ctx context.Context, tenant string, p plan) (store.Sandb
 		},
 		Tenant: tenant, LayerDigests: p.digests, LastActive: now,
 	}
-	fail := func(err error) (store.Sandbox, error) {
-		s.sched.Release(nodeID, req.Resources)
+}
+
+// build has the node of a recorded, placed sandbox build it, and records
+// the outcome: running, or failed with the reason and its reservation
+// released.
+func (s *Server) build(ctx context.Context, sb *store.Sandbox, p plan) error {
+	start := time.Now()
+	req := p.req
+	fail := func(err error) error {
+		s.sched.Release(sb.API.Node, req.Resources)
 		s.metrics.creates.WithLabelValues(req.Backend, errdefs.Code(err)).Inc()
-		return store.Sandbox{}, err
+		return err
 	}
-	if err := s.store.CreateSandbox(ctx, &sb); err != nil {
-		return fail(err)
-	}
-	n, err := s.nodes.get(nodeID)
+	n, err := s.nodes.get(sb.API.Node)
 	if err == nil {
+		// The pool behind the fncall backend is made of container sandboxes.
+		backend := req.Backend
+		if backend == api.BackendFnCall {
+			backend = api.BackendContainer
+		}
 		_, err = n.client.Create(ctx, edge.CreateRequest{
-			ID: sb.API.ID, Backend: req.Backend, Layers: p.digests, Resources: req.Resources,
+			ID: sb.API.ID, Backend: backend, Layers: p.digests, Resources: req.Resources,
 			Network: *req.Network, Env: req.Env, Phase: req.Phase,
 		})
 	}
 	if err != nil {
-		s.log.Warn("create failed", "sandbox", sb.API.ID, "node", nodeID, "tenant", tenant, "err", err)
+		s.log.Warn("create failed", "sandbox", sb.API.ID, "node", sb.API.Node, "tenant", sb.Tenant, "err", err)
+		now := time.Now().UTC()
 		sb.API.State, sb.API.Error, sb.DeletedAt = api.StateFailed, err.Error(), &now
-		if uerr := s.store.UpdateSandbox(context.WithoutCancel(ctx), &sb); uerr != nil {
+		if uerr := s.store.UpdateSandbox(context.WithoutCancel(ctx), sb); uerr != nil {
 			s.log.Error("record failed create", "sandbox", sb.API.ID, "err", uerr)
 		}
 		return fail(err)
 	}
 	sb.API.State = api.StateRunning
-	if err := s.store.UpdateSandbox(ctx, &sb); err != nil {
+	if err := s.store.UpdateSandbox(ctx, sb); err != nil {
 		// The node has it but we could not record it: undo, or it leaks.
 		n.client.Destroy(context.WithoutCancel(ctx), sb.API.ID)
 		return fail(err)
 	}
 	s.metrics.creates.WithLabelValues(req.Backend, "ok").Inc()
 	s.metrics.createDur.Observe(time.Since(start).Seconds())
-	return sb, nil
+	return nil
 }
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
