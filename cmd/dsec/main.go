@@ -28,8 +28,9 @@ Client side (DSEC_URL, DSEC_API_KEY or --url, --key):
   dsec layer build|import|ls|get
   dsec tenant create|ls
   dsec key create|rm
+  dsec fncall [flags] -- CMD...    one call on a warm pool; also: dsec fncall pools|warm
   dsec node ls
-  dsec bench create
+  dsec bench create|fncall|batch
 
 Run "dsec COMMAND -h" for a command's flags.
 `
@@ -76,6 +77,8 @@ func run(ctx context.Context, args []string) error {
 		return keyCmd(ctx, rest)
 	case "node":
 		return nodeCmd(ctx, rest)
+	case "fncall":
+		return fncallCmd(ctx, rest)
 	case "bench":
 		return benchCmd(ctx, rest)
 	case "help", "-h", "--help":

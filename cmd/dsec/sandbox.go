@@ -97,6 +97,7 @@ func sandboxCreate(ctx context.Context, fs *flag.FlagSet, newClient func() *clie
 	fs.Var(&labels, "label", "KEY=VALUE label (repeatable)")
 	fs.Var(&env, "env", "KEY=VALUE environment variable (repeatable)")
 	jsonOut := fs.Bool("json", false, "print the whole sandbox as JSON instead of its id")
+	count := fs.Int("count", 1, fmt.Sprintf("create this many in one batch (up to %d), with a progress bar; prints one id per line", api.MaxBatchCount))
 	if _, _, err := parseArgs(fs, args); err != nil {
 		return err
 	}
@@ -107,6 +108,9 @@ func sandboxCreate(ctx context.Context, fs *flag.FlagSet, newClient func() *clie
 	}
 	if req.Env, err = keyValues(env, "env"); err != nil {
 		return err
+	}
+	if *count != 1 {
+		return createMany(ctx, newClient(), &req, *count)
 	}
 	sb, err := newClient().CreateSandbox(ctx, &req)
 	if err != nil {

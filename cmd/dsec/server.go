@@ -16,6 +16,7 @@ import (
 	"github.com/dsec-project/dsec/internal/backend"
 	"github.com/dsec-project/dsec/internal/backend/container"
 	"github.com/dsec-project/dsec/internal/edge"
+	"github.com/dsec-project/dsec/internal/fncall"
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/server"
 	"github.com/dsec-project/dsec/internal/store/sqlite"
@@ -96,6 +97,12 @@ func serverCmd(ctx context.Context, args []string) error {
 	listen := fs.String("listen", "127.0.0.1:7070", "API address")
 	data := fs.String("data", defaultDataDir(), "data directory")
 	busybox := fs.String("busybox", "/bin/busybox", "static busybox for the default base layer base:minimal (\"\" to skip)")
+	fc := fncall.DefaultConfig
+	fs.IntVar(&fc.Min, "fncall-min", fc.Min, "warm sandboxes each FnCall pool keeps at least")
+	fs.IntVar(&fc.Max, "fncall-max", fc.Max, "sandboxes each FnCall pool holds at most")
+	fs.IntVar(&fc.TenantConcurrency, "fncall-tenant-concurrency", fc.TenantConcurrency, "FnCall calls one tenant may have in flight")
+	fs.DurationVar(&fc.IdleTimeout, "fncall-idle", fc.IdleTimeout, "how long a FnCall sandbox beyond demand stays idle before it is destroyed")
+	batchParallel := fs.Int("batch-parallel", 8, "sandboxes of a batch built at once on each node")
 	var nf nodeFlags
 	nf.register(fs)
 	if err := fs.Parse(args); err != nil {
@@ -146,6 +153,7 @@ func serverCmd(ctx context.Context, args []string) error {
 
 	srv := server.New(server.Config{
 		Store: st, Layers: layers, TmpDir: filepath.Join(dataDir, "tmp"), Logger: log,
+		FnCall: fc, BatchParallel: *batchParallel,
 	})
 	if err := srv.AddNode(ctx, "unix://"+edgeSock, ""); err != nil {
 		return err

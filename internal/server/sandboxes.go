@@ -45,7 +45,7 @@ func (s *Server) validate(ctx context.Context, tenant string, req api.CreateSand
 	default:
 		return plan{}, errdefs.Invalid("unknown backend %q (want container, fncall, microvm or fullvm)", req.Backend)
 	}
-	if !s.nodes.backends()[req.Backend] {
+	if !s.nodes.backends()[nodeBackend(req.Backend)] {
 		return plan{}, errdefs.Invalid("backend %q is not offered by any node of this cluster", req.Backend)
 	}
 	if req.Snapshot != "" {
@@ -143,7 +143,7 @@ func (s *Server) fillResources(r *api.Resources) error {
 // this path or, for batches, the same newRecord and build steps.
 func (s *Server) create(ctx context.Context, tenant string, p plan) (store.Sandbox, error) {
 	req := p.req
-	nodeID, err := s.sched.Reserve(scheduler.Request{Backend: req.Backend, Resources: req.Resources})
+	nodeID, err := s.sched.Reserve(scheduler.Request{Backend: nodeBackend(req.Backend), Resources: req.Resources})
 	if err != nil {
 		s.metrics.creates.WithLabelValues(req.Backend, errdefs.Code(err)).Inc()
 		return store.Sandbox{}, err
@@ -192,13 +192,8 @@ func (s *Server) build(ctx context.Context, sb *store.Sandbox, p plan) error {
 	}
 	n, err := s.nodes.get(sb.API.Node)
 	if err == nil {
-		// The pool behind the fncall backend is made of container sandboxes.
-		backend := req.Backend
-		if backend == api.BackendFnCall {
-			backend = api.BackendContainer
-		}
 		_, err = n.client.Create(ctx, edge.CreateRequest{
-			ID: sb.API.ID, Backend: backend, Layers: p.digests, Resources: req.Resources,
+			ID: sb.API.ID, Backend: nodeBackend(req.Backend), Layers: p.digests, Resources: req.Resources,
 			Network: *req.Network, Env: req.Env, Phase: req.Phase,
 		})
 	}
@@ -234,7 +229,12 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), createTimeout)
 	defer cancel()
-	sb, err := s.create(ctx, tenant, p)
+	var sb store.Sandbox
+	if p.req.Backend == api.BackendFnCall {
+		sb, err = s.takeWarm(ctx, tenant, p)
+	} else {
+		sb, err = s.create(ctx, tenant, p)
+	}
 	if err != nil {
 		return err
 	}
@@ -270,6 +270,9 @@ func (s *Server) liveSandbox(ctx context.Context, id string) (store.Sandbox, *no
 		return sb, nil, errdefs.NotFound("sandbox %s is %s", id, sb.API.State)
 	default:
 		return sb, nil, fmt.Errorf("sandbox %s is %s: %w", id, sb.API.State, errdefs.ErrFailedPrecondition)
+	}
+	if err := poolGuard(sb); err != nil {
+		return sb, nil, err
 	}
 	n, err := s.nodes.get(sb.API.Node)
 	return sb, n, err
@@ -341,6 +344,7 @@ func (s *Server) destroy(ctx context.Context, sb store.Sandbox) error {
 	if sb.DeletedAt != nil {
 		return nil
 	}
+	s.fncall.Forget(sb.API.ID)
 	if sb.API.State != api.StateLost {
 		n, err := s.nodes.get(sb.API.Node)
 		if err != nil {
@@ -395,6 +399,9 @@ func (s *Server) lifecycle(w http.ResponseWriter, r *http.Request, from []string
 		return errdefs.NotFound("sandbox %s is %s", sb.API.ID, sb.API.State)
 	default:
 		return fmt.Errorf("sandbox %s is %s: %w", sb.API.ID, sb.API.State, errdefs.ErrFailedPrecondition)
+	}
+	if err := poolGuard(sb); err != nil {
+		return err
 	}
 	n, err := s.nodes.get(sb.API.Node)
 	if err != nil {

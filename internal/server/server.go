@@ -26,6 +26,7 @@ import (
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/errdefs"
+	"github.com/dsec-project/dsec/internal/fncall"
 	"github.com/dsec-project/dsec/internal/httpapi"
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/scheduler"
@@ -48,7 +49,12 @@ type Config struct {
 	DefaultTTL, MaxTTL time.Duration
 	// ReapInterval is how often expired sandboxes are looked for.
 	ReapInterval time.Duration
-	Logger       *slog.Logger
+	// BatchParallel bounds the sandboxes of one batch built at once on
+	// each node.
+	BatchParallel int
+	// FnCall sizes the warm pools behind the fncall backend.
+	FnCall fncall.Config
+	Logger *slog.Logger
 }
 
 // Server is the control plane.
@@ -60,6 +66,7 @@ type Server struct {
 	log     *slog.Logger
 	metrics *metrics
 	nodes   *registry
+	fncall  *fncall.Manager
 
 	// active throttles LastActive updates: sandbox id → last write.
 	activeMu sync.Mutex
@@ -86,6 +93,9 @@ func New(cfg Config) *Server {
 	if cfg.MaxLayerBytes == 0 {
 		cfg.MaxLayerBytes = 16 << 30
 	}
+	if cfg.BatchParallel <= 0 {
+		cfg.BatchParallel = 8
+	}
 	if cfg.Scheduler == nil {
 		cfg.Scheduler = scheduler.New(scheduler.DefaultConfig)
 	}
@@ -99,6 +109,10 @@ func New(cfg Config) *Server {
 		nodes:   newRegistry(),
 		active:  map[string]time.Time{},
 	}
+	if cfg.FnCall.Logger == nil {
+		cfg.FnCall.Logger = cfg.Logger
+	}
+	s.fncall = fncall.New(cfg.FnCall, poolRuntime{s})
 	s.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "dsec_sandboxes_live", Help: "Sandboxes placed on nodes.",
 	}, func() float64 {
@@ -111,8 +125,11 @@ func New(cfg Config) *Server {
 	return s
 }
 
-// Run reaps expired sandboxes until ctx ends.
+// Run reaps expired sandboxes and resizes the FnCall pools until ctx ends.
+// Call it after the nodes are added.
 func (s *Server) Run(ctx context.Context) {
+	s.destroyStalePools(ctx)
+	go s.fncall.Run(ctx)
 	tick := time.NewTicker(s.cfg.ReapInterval)
 	defer tick.Stop()
 	lastPurge := time.Now()
@@ -144,6 +161,7 @@ func (s *Server) Handler() http.Handler {
 
 	authed("POST /v1/sandboxes", s.createSandbox)
 	authed("GET /v1/sandboxes", s.listSandboxes)
+	authed("POST /v1/sandboxes:batch", s.createBatch)
 	authed("GET /v1/sandboxes/{id}", s.getSandbox)
 	authed("DELETE /v1/sandboxes/{id}", s.deleteSandbox)
 	authed("POST /v1/sandboxes/{id}/exec", s.exec)
@@ -155,6 +173,10 @@ func (s *Server) Handler() http.Handler {
 	authed("POST /v1/sandboxes/{id}/reset", s.resetSandbox)
 	authed("POST /v1/sandboxes/{id}/pause", s.pauseSandbox)
 	authed("POST /v1/sandboxes/{id}/resume", s.resumeSandbox)
+
+	authed("POST /v1/fncall", s.fncallCall)
+	authed("GET /v1/fncall/pools", s.listPools)
+	authed("POST /v1/fncall/pools", s.warmPool)
 
 	authed("POST /v1/layers", s.createLayer)
 	authed("GET /v1/layers", s.listLayers)
