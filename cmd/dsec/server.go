@@ -102,6 +102,7 @@ func serverCmd(ctx context.Context, args []string) error {
 	fs.IntVar(&fc.Max, "fncall-max", fc.Max, "sandboxes each FnCall pool holds at most")
 	fs.IntVar(&fc.TenantConcurrency, "fncall-tenant-concurrency", fc.TenantConcurrency, "FnCall calls one tenant may have in flight")
 	fs.DurationVar(&fc.IdleTimeout, "fncall-idle", fc.IdleTimeout, "how long a FnCall sandbox beyond demand stays idle before it is destroyed")
+	fs.DurationVar(&fc.Window, "fncall-window", fc.Window, "how long past demand sizes a FnCall pool")
 	batchParallel := fs.Int("batch-parallel", 8, "sandboxes of a batch built at once on each node")
 	var nf nodeFlags
 	nf.register(fs)

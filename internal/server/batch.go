@@ -131,7 +131,7 @@ func (s *Server) createBatch(w http.ResponseWriter, r *http.Request) error {
 		s.log.Info("client left during a batch create; destroying its sandboxes", "batch", b.id, "tenant", tenant,
 			"created", res.Created)
 		s.destroyBatch(context.WithoutCancel(r.Context()), b)
-		return r.Context().Err()
+		return nil // nobody is left to read an answer
 	}
 	s.log.Info("batch created", "batch", b.id, "tenant", tenant, "requested", req.Count,
 		"created", res.Created, "failed", res.Failed, "duration", time.Since(start))
