@@ -1,0 +1,26 @@
+package e2e
+
+import (
+	"os"
+	"os/exec"
+	"testing"
+
+	"github.com/dsec-project/dsec/internal/testutil"
+)
+
+// TestPythonSDK runs libdsec's unittest suite (sdk/python/tests) against a
+// real server, so that `go test ./...` stays the one entry point.
+func TestPythonSDK(t *testing.T) {
+	testutil.Require(t, testutil.Tool("python3"))
+	s := startServer(t)
+	cmd := exec.Command("python3", "-m", "unittest", "discover", "-v", "-s", "sdk/python/tests")
+	cmd.Dir = testutil.RepoRoot()
+	cmd.Env = append(os.Environ(), "DSEC_URL="+s.URL, "DSEC_API_KEY="+s.Key, "PYTHONDONTWRITEBYTECODE=1")
+	out, err := cmd.CombinedOutput()
+	t.Logf("python3 -m unittest:\n%s", out)
+	if err != nil {
+		t.Fatalf("libdsec tests failed: %v", err)
+	}
+	deleteAll(t, s.Client)
+	testutil.RequireNoSandboxLeft(t, s)
+}

@@ -1,0 +1,240 @@
+"""The API calls as data: each function returns a :class:`Req` saying what to
+send and how to retry it; the sync and asyncio clients only differ in how
+they send it. Nothing here does I/O."""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from urllib.parse import quote, urlencode
+
+from .models import Trajectory
+
+# Margins added to a command's own timeout for the HTTP call that waits for it.
+EXEC_MARGIN = 30.0
+CREATE_TIMEOUT = 180.0  # the server waits up to 2 min for a node
+DEFAULT_EXEC_TIMEOUT = 600.0  # the server's default for exec
+
+Cmd = Union[str, Sequence[str]]
+Layers = Union[str, Mapping[str, str], None]
+
+
+@dataclass
+class Req:
+    """One HTTP call.
+
+    ``idempotent`` calls are retried on 429, 503 and connection failures;
+    others only on 429 when ``retry_busy`` says the refusal happens before
+    any work (no room on a node, no free sandbox).
+    """
+
+    method: str
+    path: str
+    query: List[Tuple[str, str]] = field(default_factory=list)
+    body: Optional[bytes] = None
+    headers: Dict[str, str] = field(default_factory=dict)
+    timeout: Optional[float] = None
+    idempotent: bool = False
+    retry_busy: bool = False
+    stream: bool = False
+
+    @property
+    def target(self) -> str:
+        return self.path + ("?" + urlencode(self.query) if self.query else "")
+
+
+def jreq(method: str, path: str, obj: Any = None, **kw: Any) -> Req:
+    r = Req(method, path, **kw)
+    if obj is not None:
+        r.body = json.dumps(obj, separators=(",", ":")).encode("utf-8")
+        r.headers["Content-Type"] = "application/json"
+    if r.idempotent is False and method in ("GET", "HEAD", "PUT", "DELETE"):
+        r.idempotent = True
+    return r
+
+
+def sb_path(sid: str, *rest: str) -> str:
+    p = "/v1/sandboxes/" + quote(sid, safe="")
+    for part in rest:
+        p += "/" + part
+    return p
+
+
+def layers_obj(layers: Layers, base: Optional[str], workspace: Optional[str], toolkit: Optional[str]) -> Optional[Dict[str, str]]:
+    if isinstance(layers, str):
+        out = {"base": layers}
+    elif layers is not None:
+        out = {k: v for k, v in dict(layers).items() if v}
+    else:
+        out = {}
+    for k, v in (("base", base), ("workspace", workspace), ("toolkit", toolkit)):
+        if v:
+            out[k] = v
+    return out or None
+
+
+def spec(
+    *,
+    layers: Layers = None,
+    base: Optional[str] = None,
+    workspace: Optional[str] = None,
+    toolkit: Optional[str] = None,
+    backend: Optional[str] = None,
+    snapshot: Optional[str] = None,
+    resources: Optional[Mapping[str, Any]] = None,
+    cpu: Optional[float] = None,
+    memory_mb: Optional[int] = None,
+    disk_mb: Optional[int] = None,
+    pids: Optional[int] = None,
+    network: Union[str, Mapping[str, Any], None] = None,
+    phase: Optional[str] = None,
+    ttl_seconds: Optional[int] = None,
+    labels: Optional[Mapping[str, str]] = None,
+    env: Optional[Mapping[str, str]] = None,
+) -> Dict[str, Any]:
+    """The JSON of a create request (also the spec of a batch)."""
+    d: Dict[str, Any] = {}
+    lo = layers_obj(layers, base, workspace, toolkit)
+    if lo:
+        d["layers"] = lo
+    res = dict(resources or {})
+    for k, v in (("cpu", cpu), ("memory_mb", memory_mb), ("disk_mb", disk_mb), ("pids", pids)):
+        if v is not None:
+            res[k] = v
+    if res:
+        d["resources"] = res
+    for k, v in (("backend", backend), ("snapshot", snapshot), ("phase", phase), ("ttl_seconds", ttl_seconds)):
+        if v:
+            d[k] = v
+    if network is not None:
+        d["network"] = network if isinstance(network, str) else dict(network)
+    if labels:
+        d["labels"] = dict(labels)
+    if env:
+        d["env"] = dict(env)
+    return d
+
+
+def create(body: Dict[str, Any], timeout: Optional[float]) -> Req:
+    # 429 (no room) is refused before anything is made: safe to retry.
+    return jreq("POST", "/v1/sandboxes", body, timeout=timeout or CREATE_TIMEOUT, retry_busy=True)
+
+
+def batch(count: int, body: Dict[str, Any], timeout: Optional[float]) -> Req:
+    d = dict(body)
+    d["count"] = count
+    r = jreq("POST", "/v1/sandboxes:batch", d, timeout=timeout or 120.0, stream=True)
+    r.headers["Accept"] = "application/x-ndjson"
+    return r
+
+
+def _stdin(stdin: Union[str, bytes, None], d: Dict[str, Any]) -> None:
+    if stdin is None:
+        return
+    if isinstance(stdin, str):
+        stdin = stdin.encode("utf-8")
+    d["stdin"] = base64.b64encode(stdin).decode("ascii")
+    d["stdin_encoding"] = "base64"
+
+
+def exec_body(
+    cmd: Cmd,
+    *,
+    env: Optional[Mapping[str, str]] = None,
+    cwd: Optional[str] = None,
+    stdin: Union[str, bytes, None] = None,
+    timeout: Optional[float] = None,
+    max_output_bytes: Optional[int] = None,
+    trajectory: Union[Trajectory, Tuple[str, int], Mapping[str, Any], None] = None,
+    background: bool = False,
+) -> Dict[str, Any]:
+    """The JSON of an exec: ``cmd`` is a shell string or an argv list."""
+    d: Dict[str, Any] = {}
+    if isinstance(cmd, str):
+        d["shell"] = cmd
+    else:
+        d["cmd"] = list(cmd)
+    if env:
+        d["env"] = dict(env)
+    if cwd:
+        d["cwd"] = cwd
+    _stdin(stdin, d)
+    if timeout is not None:
+        d["timeout_ms"] = max(1, int(timeout * 1000))
+    if max_output_bytes is not None:
+        d["max_output_bytes"] = int(max_output_bytes)
+    if trajectory is not None:
+        if isinstance(trajectory, Trajectory):
+            d["trajectory"] = {"id": trajectory.id, "step": trajectory.step}
+        elif isinstance(trajectory, tuple):
+            d["trajectory"] = {"id": trajectory[0], "step": int(trajectory[1])}
+        else:
+            d["trajectory"] = dict(trajectory)
+    if background:
+        d["background"] = True
+    return d
+
+
+def http_timeout(cmd_timeout: Optional[float], default: float = DEFAULT_EXEC_TIMEOUT) -> float:
+    return (cmd_timeout if cmd_timeout is not None else default) + EXEC_MARGIN
+
+
+def exec_(sid: str, body: Dict[str, Any], cmd_timeout: Optional[float], stream: bool) -> Req:
+    # An exec with a trajectory key is replayed, not re-run, by a server
+    # that keeps the log: resending it is safe.
+    r = jreq("POST", sb_path(sid, "exec"), body, timeout=http_timeout(cmd_timeout),
+             idempotent="trajectory" in body, stream=stream)
+    if stream:
+        r.headers["Accept"] = "application/x-ndjson"
+    return r
+
+
+def fncall(body: Dict[str, Any], call_timeout: Optional[float], stream: bool = False) -> Req:
+    r = jreq("POST", "/v1/fncall", body, timeout=http_timeout(call_timeout, 60.0), retry_busy=True, stream=stream)
+    if stream:
+        r.headers["Accept"] = "application/x-ndjson"
+    return r
+
+
+def fncall_body(cmd: Cmd, layers: Layers, base: Optional[str], workspace: Optional[str], toolkit: Optional[str],
+                resources: Optional[Mapping[str, Any]], **kw: Any) -> Dict[str, Any]:
+    d = exec_body(cmd, **kw)
+    d["layers"] = layers_obj(layers, base, workspace, toolkit) or {"base": "base:minimal"}
+    if resources:
+        d["resources"] = dict(resources)
+    return d
+
+
+def lifecycle(sid: str, op: str, timeout: float) -> Req:
+    # A reset twice is a reset; pause and resume are not repeatable.
+    return jreq("POST", sb_path(sid, op), None, timeout=timeout, idempotent=op == "reset")
+
+
+def files(method: str, sid: str, path: str, timeout: float, **q: Any) -> Req:
+    query = [("path", path)] + [(k, str(v)) for k, v in q.items() if v is not None]
+    return jreq(method, sb_path(sid, "files"), None, query=query, timeout=timeout)
+
+
+def list_query(labels: Optional[Mapping[str, str]], state: Union[str, Iterable[str], None], all_: bool,
+               limit: Optional[int], page_token: str) -> List[Tuple[str, str]]:
+    q: List[Tuple[str, str]] = [("label", f"{k}={v}") for k, v in (labels or {}).items()]
+    if state:
+        q.append(("state", state if isinstance(state, str) else ",".join(state)))
+    if all_:
+        q.append(("all", "1"))
+    if limit:
+        q.append(("limit", str(limit)))
+    if page_token:
+        q.append(("page_token", page_token))
+    return q
+
+
+def proc_path(sid: str, pid: str = "", rest: str = "") -> str:
+    p = sb_path(sid, "processes")
+    if pid:
+        p += "/" + quote(pid, safe="")
+    if rest:
+        p += "/" + rest
+    return p

@@ -1,0 +1,432 @@
+"""The asyncio client: :class:`AsyncClient` and its handles, the twins of
+the blocking ones in :mod:`libdsec.client`, on one event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Sequence, Union
+
+from . import _ops
+from ._asynchttp import AsyncPool, AsyncResponse
+from ._retry import delay, should_retry
+from .client import ProgressArg, progress_bar
+from .errors import ApiError, DsecError, error_from_response
+from .models import (BatchItem, BatchProgress, ExecResult, FileInfo, Layer, OutputChunk, OutputPage, Pool as PoolInfo,
+                     ProcessInfo, SandboxInfo, parse_exec_event)
+
+__all__ = ["AsyncClient", "AsyncSandbox", "AsyncProcess", "AsyncExecStream", "AsyncBatchResult"]
+
+
+class AsyncClient:
+    """A client of one dsec server for asyncio; see :class:`libdsec.Client`
+    for the arguments. Use it from one event loop, and ``await close()`` (or
+    ``async with``) when done."""
+
+    def __init__(self, url: Optional[str] = None, api_key: Optional[str] = None, *, timeout: float = 60.0,
+                 retries: int = 3, max_idle_connections: int = 64) -> None:
+        self.url = (url or os.environ.get("DSEC_URL") or "http://127.0.0.1:7070").rstrip("/")
+        self.api_key = api_key if api_key is not None else os.environ.get("DSEC_API_KEY", "")
+        self.timeout = timeout
+        self.retries = retries
+        self._pool = AsyncPool(self.url, max_idle=max_idle_connections)
+
+    async def _send(self, req: _ops.Req) -> AsyncResponse:
+        headers = dict(req.headers)
+        if self.api_key:
+            headers["Authorization"] = "Bearer " + self.api_key
+        timeout = req.timeout or self.timeout
+        attempt = 0
+        while True:
+            try:
+                resp = await self._pool.request(req.method, req.target, headers, req.body, timeout)
+                if resp.status < 300:
+                    return resp
+                err = error_from_response(resp.status, await resp.read(timeout), resp.reason)
+                hdrs = resp.headers
+            except ApiError as e:
+                err, hdrs = e, {}
+            if attempt >= self.retries or not should_retry(req, err):
+                raise err
+            await asyncio.sleep(delay(attempt, hdrs))
+            attempt += 1
+
+    async def _json(self, req: _ops.Req) -> Any:
+        resp = await self._send(req)
+        data = await resp.read(req.timeout or self.timeout)
+        return json.loads(data) if data else None
+
+    async def health(self) -> Dict[str, Any]:
+        return await self._json(_ops.jreq("GET", "/healthz"))
+
+    async def create(self, *, timeout: Optional[float] = None, **spec: Any) -> "AsyncSandbox":
+        """Creates a sandbox; see :meth:`libdsec.Client.create`."""
+        d = await self._json(_ops.create(_ops.spec(**spec), timeout))
+        return AsyncSandbox(self, SandboxInfo.from_json(d))
+
+    async def create_batch(self, count: int, *, progress: ProgressArg = None, timeout: Optional[float] = None,
+                           **spec: Any) -> "AsyncBatchResult":
+        """Creates ``count`` sandboxes in one call; see :meth:`libdsec.Client.create_batch`."""
+        cb = progress_bar() if progress is True else (progress or None)
+        resp = await self._send(_ops.batch(count, _ops.spec(**spec), None))
+        items: List[Optional[BatchItem]] = [None] * count
+        result: Optional[Dict[str, Any]] = None
+        try:
+            async for line in resp.iter_lines(timeout or 120.0):
+                ev = json.loads(line)
+                if "progress" in ev and cb:
+                    cb(BatchProgress(**{k: int(ev["progress"].get(k, 0)) for k in ("total", "placed", "created", "failed")}))
+                elif "item" in ev:
+                    it = BatchItem.from_json(ev["item"])
+                    if 0 <= it.index < count:
+                        items[it.index] = it
+                elif "result" in ev:
+                    result = ev["result"]
+                elif "error" in ev:
+                    raise error_from_response(500, json.dumps({"error": ev["error"]}).encode())
+        finally:
+            resp.close()
+        if result is None:
+            raise DsecError("the batch stream ended without a result")
+        return AsyncBatchResult(self, result, [it or BatchItem(i, state="unknown") for i, it in enumerate(items)])
+
+    def sandbox(self, sandbox_id: str) -> "AsyncSandbox":
+        return AsyncSandbox(self, SandboxInfo(id=sandbox_id, backend="", state=""))
+
+    async def get(self, sandbox_id: str) -> "AsyncSandbox":
+        d = await self._json(_ops.jreq("GET", _ops.sb_path(sandbox_id)))
+        return AsyncSandbox(self, SandboxInfo.from_json(d))
+
+    async def list(self, *, labels: Optional[Mapping[str, str]] = None,
+                   state: Union[str, Sequence[str], None] = None, all: bool = False,
+                   page_size: int = 1000) -> List["AsyncSandbox"]:
+        """Every sandbox of the tenant matching the filters (all pages)."""
+        out: List[AsyncSandbox] = []
+        token = ""
+        while True:
+            page = await self._json(_ops.jreq("GET", "/v1/sandboxes",
+                                              query=_ops.list_query(labels, state, all, page_size, token)))
+            out += [AsyncSandbox(self, SandboxInfo.from_json(d)) for d in page.get("sandboxes") or []]
+            token = page.get("next_page_token", "")
+            if not token:
+                return out
+
+    async def delete(self, sandbox_id: str) -> None:
+        await (await self._send(_ops.jreq("DELETE", _ops.sb_path(sandbox_id)))).read(self.timeout)
+
+    async def fncall(self, cmd: _ops.Cmd, *, layers: _ops.Layers = None, base: Optional[str] = None,
+                     workspace: Optional[str] = None, toolkit: Optional[str] = None,
+                     resources: Optional[Mapping[str, Any]] = None, env: Optional[Mapping[str, str]] = None,
+                     cwd: Optional[str] = None, stdin: Union[str, bytes, None] = None,
+                     timeout: Optional[float] = None, max_output_bytes: Optional[int] = None,
+                     check: bool = False) -> ExecResult:
+        """One short call on a warm pool; see :meth:`libdsec.Client.fncall`."""
+        body = _ops.fncall_body(cmd, layers, base, workspace, toolkit, resources, env=env, cwd=cwd, stdin=stdin,
+                                timeout=timeout, max_output_bytes=max_output_bytes)
+        res = ExecResult.from_json(await self._json(_ops.fncall(body, timeout)))
+        return res.check() if check else res
+
+    async def warm_pool(self, size: int, *, layers: _ops.Layers = None, base: Optional[str] = None,
+                        resources: Optional[Mapping[str, Any]] = None) -> PoolInfo:
+        body: Dict[str, Any] = {"layers": _ops.layers_obj(layers, base, None, None) or {"base": "base:minimal"},
+                                "size": size}
+        if resources:
+            body["resources"] = dict(resources)
+        return PoolInfo.from_json(await self._json(_ops.jreq("POST", "/v1/fncall/pools", body,
+                                                             timeout=_ops.CREATE_TIMEOUT)))
+
+    async def pools(self) -> List[PoolInfo]:
+        return [PoolInfo.from_json(d) for d in (await self._json(_ops.jreq("GET", "/v1/fncall/pools")))["pools"]]
+
+    async def layers(self) -> List[Layer]:
+        return [Layer.from_json(d) for d in (await self._json(_ops.jreq("GET", "/v1/layers")))["layers"]]
+
+    async def layer(self, ref: str) -> Layer:
+        return Layer.from_json(await self._json(_ops.jreq("GET", "/v1/layers/" + ref)))
+
+    async def upload_layer(self, name: str, data: bytes, *, kind: str = "base", public: bool = False,
+                           timeout: float = 600.0) -> Layer:
+        q = [("kind", kind), ("name", name)] + ([("public", "1")] if public else [])
+        req = _ops.Req("POST", "/v1/layers", query=q, body=bytes(data), timeout=timeout,
+                       headers={"Content-Type": "application/octet-stream"})
+        return Layer.from_json(await self._json(req))
+
+    async def nodes(self) -> List[Dict[str, Any]]:
+        return (await self._json(_ops.jreq("GET", "/v1/nodes")))["nodes"]
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class AsyncSandbox:
+    """A handle on one sandbox, for asyncio; see :class:`libdsec.Sandbox`."""
+
+    def __init__(self, client: AsyncClient, info: SandboxInfo) -> None:
+        self.client = client
+        self.info = info
+
+    @property
+    def id(self) -> str:
+        return self.info.id
+
+    @property
+    def state(self) -> str:
+        return self.info.state
+
+    def __repr__(self) -> str:
+        return f"AsyncSandbox({self.id!r}, state={self.info.state!r})"
+
+    async def refresh(self) -> "AsyncSandbox":
+        self.info = SandboxInfo.from_json(await self.client._json(_ops.jreq("GET", _ops.sb_path(self.id))))
+        return self
+
+    async def exec(self, cmd: _ops.Cmd, *, timeout: Optional[float] = None,
+                   env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
+                   stdin: Union[str, bytes, None] = None, max_output_bytes: Optional[int] = None,
+                   trajectory: Any = None, check: bool = False) -> ExecResult:
+        body = _ops.exec_body(cmd, env=env, cwd=cwd, stdin=stdin, timeout=timeout,
+                              max_output_bytes=max_output_bytes, trajectory=trajectory)
+        res = ExecResult.from_json(await self.client._json(_ops.exec_(self.id, body, timeout, False)))
+        return res.check() if check else res
+
+    async def exec_stream(self, cmd: _ops.Cmd, *, timeout: Optional[float] = None,
+                          env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
+                          stdin: Union[str, bytes, None] = None, max_output_bytes: Optional[int] = None,
+                          trajectory: Any = None) -> "AsyncExecStream":
+        """Runs a command; ``async for chunk in stream`` yields its output."""
+        body = _ops.exec_body(cmd, env=env, cwd=cwd, stdin=stdin, timeout=timeout,
+                              max_output_bytes=max_output_bytes, trajectory=trajectory)
+        resp = await self.client._send(_ops.exec_(self.id, body, timeout, True))
+        return AsyncExecStream(resp, _ops.http_timeout(timeout))
+
+    async def spawn(self, cmd: _ops.Cmd, *, timeout: Optional[float] = None,
+                    env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
+                    stdin: Union[str, bytes, None] = None, max_output_bytes: Optional[int] = None) -> "AsyncProcess":
+        body = _ops.exec_body(cmd, env=env, cwd=cwd, stdin=stdin, timeout=timeout,
+                              max_output_bytes=max_output_bytes, background=True)
+        res = ExecResult.from_json(await self.client._json(_ops.exec_(self.id, body, 30.0, False)))
+        assert res.process is not None
+        return AsyncProcess(self, res.process)
+
+    async def processes(self) -> List["AsyncProcess"]:
+        d = await self.client._json(_ops.jreq("GET", _ops.proc_path(self.id)))
+        return [AsyncProcess(self, ProcessInfo.from_json(p)) for p in d["processes"]]
+
+    async def read_file(self, path: str) -> bytes:
+        resp = await self.client._send(_ops.files("GET", self.id, path, self.client.timeout))
+        return await resp.read(self.client.timeout)
+
+    async def read_text(self, path: str) -> str:
+        return (await self.read_file(path)).decode("utf-8")
+
+    async def write_file(self, path: str, data: Union[bytes, str], *, mode: Optional[int] = None) -> None:
+        req = _ops.files("PUT", self.id, path, self.client.timeout, mode=None if mode is None else format(mode, "o"))
+        req.body = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+        req.headers["Content-Type"] = "application/octet-stream"
+        await (await self.client._send(req)).read(self.client.timeout)
+
+    async def list_dir(self, path: str) -> List[FileInfo]:
+        d = await self.client._json(_ops.files("GET", self.id, path, self.client.timeout, list="1"))
+        return [FileInfo.from_json(e) for e in d["entries"]]
+
+    async def remove(self, path: str, *, recursive: bool = False) -> None:
+        req = _ops.files("DELETE", self.id, path, self.client.timeout, recursive="1" if recursive else None)
+        await (await self.client._send(req)).read(self.client.timeout)
+
+    async def _lifecycle(self, op: str) -> "AsyncSandbox":
+        self.info = SandboxInfo.from_json(await self.client._json(_ops.lifecycle(self.id, op, _ops.CREATE_TIMEOUT)))
+        return self
+
+    async def reset(self) -> "AsyncSandbox":
+        return await self._lifecycle("reset")
+
+    async def pause(self) -> "AsyncSandbox":
+        return await self._lifecycle("pause")
+
+    async def resume(self) -> "AsyncSandbox":
+        return await self._lifecycle("resume")
+
+    async def snapshot(self) -> str:
+        d = await self.client._json(_ops.jreq("POST", _ops.sb_path(self.id, "snapshot"), None, timeout=600.0))
+        return d["ref"]
+
+    async def set_phase(self, phase: str) -> "AsyncSandbox":
+        d = await self.client._json(_ops.jreq("PUT", _ops.sb_path(self.id, "phase"), {"phase": phase}))
+        if isinstance(d, dict) and "id" in d:
+            self.info = SandboxInfo.from_json(d)
+        else:
+            self.info.phase = phase
+        return self
+
+    async def close(self) -> None:
+        await self.client.delete(self.id)
+        self.info.state = "deleted"
+
+    delete = close
+
+    async def __aenter__(self) -> "AsyncSandbox":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class AsyncExecStream:
+    """The output of a streamed exec: ``async for chunk in stream``;
+    ``result`` is set at the end."""
+
+    def __init__(self, resp: AsyncResponse, read_timeout: float) -> None:
+        self._resp = resp
+        self._timeout = read_timeout
+        self._lines = resp.iter_lines(read_timeout)
+        self.result: Optional[ExecResult] = None
+
+    def __aiter__(self) -> "AsyncExecStream":
+        return self
+
+    async def __anext__(self) -> OutputChunk:
+        if self.result is not None:
+            raise StopAsyncIteration
+        if self._resp.headers.get("content-type", "").startswith("application/json"):
+            self.result = ExecResult.from_json(json.loads(await self._resp.read(self._timeout)))
+            raise StopAsyncIteration
+        async for line in self._lines:
+            ev = parse_exec_event(json.loads(line))
+            if isinstance(ev, OutputChunk):
+                return ev
+            if isinstance(ev, ExecResult):
+                self.result = ev
+                async for _ in self._lines:
+                    pass
+                raise StopAsyncIteration
+            if isinstance(ev, ApiError):
+                self.close()
+                raise ev
+        raise DsecError("exec stream ended without a result")
+
+    async def wait(self) -> ExecResult:
+        async for _ in self:
+            pass
+        assert self.result is not None
+        return self.result
+
+    def close(self) -> None:
+        self._resp.close()
+
+    async def __aenter__(self) -> "AsyncExecStream":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncProcess:
+    """A background command, for asyncio; see :class:`libdsec.Process`."""
+
+    def __init__(self, sandbox: AsyncSandbox, info: ProcessInfo) -> None:
+        self.sandbox = sandbox
+        self.info = info
+
+    @property
+    def id(self) -> str:
+        return self.info.id
+
+    @property
+    def running(self) -> bool:
+        return self.info.running
+
+    @property
+    def result(self) -> Optional[ExecResult]:
+        return self.info.result
+
+    def _path(self, rest: str = "") -> str:
+        return _ops.proc_path(self.sandbox.id, self.id, rest)
+
+    async def refresh(self) -> "AsyncProcess":
+        self.info = ProcessInfo.from_json(await self.sandbox.client._json(_ops.jreq("GET", self._path())))
+        return self
+
+    async def wait(self, timeout: Optional[float] = None) -> "AsyncProcess":
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = 300.0 if deadline is None else max(0.0, deadline - time.monotonic())
+            step = min(left, 300.0)
+            req = _ops.jreq("GET", self._path("wait"), query=[("timeout_ms", str(int(step * 1000)))],
+                            timeout=step + _ops.EXEC_MARGIN)
+            self.info = ProcessInfo.from_json(await self.sandbox.client._json(req))
+            if not self.info.running or (deadline is not None and time.monotonic() >= deadline):
+                return self
+
+    async def output(self, stream: str = "stdout", offset: int = 0) -> OutputPage:
+        req = _ops.jreq("GET", self._path("output"), query=[("stream", stream), ("offset", str(offset))])
+        resp = await self.sandbox.client._send(req)
+        data = await resp.read(self.sandbox.client.timeout)
+        h = resp.headers
+        return OutputPage(data, int(h.get("x-dsec-offset", offset)), int(h.get("x-dsec-next-offset", offset + len(data))),
+                          int(h.get("x-dsec-dropped", 0)))
+
+    async def follow(self, stream: str = "stdout", offset: int = 0, *,
+                     timeout: float = 3600.0) -> AsyncIterator[bytes]:
+        req = _ops.jreq("GET", self._path("output"),
+                        query=[("stream", stream), ("offset", str(offset)), ("follow", "1")], timeout=timeout)
+        resp = await self.sandbox.client._send(req)
+        try:
+            async for chunk in resp.iter_chunks(timeout):
+                yield chunk
+        finally:
+            resp.close()
+
+    async def signal(self, sig: str = "TERM") -> "AsyncProcess":
+        req = _ops.jreq("POST", self._path("signal"), None, query=[("signal", sig)])
+        self.info = ProcessInfo.from_json(await self.sandbox.client._json(req))
+        return self
+
+    async def kill(self) -> "AsyncProcess":
+        return await self.signal("KILL")
+
+    async def forget(self) -> None:
+        await (await self.sandbox.client._send(_ops.jreq("DELETE", self._path()))).read(self.sandbox.client.timeout)
+
+
+class AsyncBatchResult:
+    """What a batch create made; ``async with`` destroys the created sandboxes on exit."""
+
+    def __init__(self, client: AsyncClient, result: Dict[str, Any], items: List[BatchItem]) -> None:
+        self.client = client
+        self.batch: str = result.get("batch", "")
+        self.requested = int(result.get("requested", 0))
+        self.created = int(result.get("created", 0))
+        self.failed = int(result.get("failed", 0))
+        self.duration_ms = int(result.get("duration_ms", 0))
+        self.items = items
+
+    @property
+    def sandboxes(self) -> List[AsyncSandbox]:
+        return [self.client.sandbox(it.id) for it in self.items if it.error is None and it.id]
+
+    @property
+    def errors(self) -> List[BatchItem]:
+        return [it for it in self.items if it.error is not None]
+
+    async def close_all(self, parallel: int = 32) -> None:
+        sem = asyncio.Semaphore(parallel)
+
+        async def one(sb: AsyncSandbox) -> None:
+            async with sem:
+                await sb.close()
+
+        await asyncio.gather(*(one(sb) for sb in self.sandboxes))
+
+    async def __aenter__(self) -> "AsyncBatchResult":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close_all()

@@ -1,0 +1,583 @@
+"""The blocking client: :class:`Client` and the handles it returns
+(:class:`Sandbox`, :class:`Process`, :class:`ExecStream`, :class:`BatchResult`).
+Safe to share between threads: each call takes a keep-alive connection from
+the pool and gives it back."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+
+from . import _ops
+from ._http import Pool, Response
+from ._retry import delay, should_retry
+from .errors import ApiError, DsecError, error_from_response
+from .models import (BatchItem, BatchProgress, ExecResult, FileInfo, Layer, OutputChunk, OutputPage, Pool as PoolInfo,
+                     ProcessInfo, SandboxInfo, parse_exec_event)
+
+__all__ = ["Client", "Sandbox", "Process", "ExecStream", "BatchResult", "progress_bar"]
+
+ProgressArg = Union[bool, Callable[[BatchProgress], None], None]
+
+
+def progress_bar(stream: Any = None) -> Callable[[BatchProgress], None]:
+    """A progress callback that draws a bar on ``stream`` (stderr)."""
+    out = stream or sys.stderr
+    start = time.monotonic()
+    tty = hasattr(out, "isatty") and out.isatty()
+    last = [0.0]
+
+    def show(p: BatchProgress) -> None:
+        now = time.monotonic()
+        if not tty and now - last[0] < 2 and p.done < p.total:
+            return
+        last[0] = now
+        width = 30
+        fill = p.done * width // max(1, p.total)
+        line = f"[{'#' * fill}{'.' * (width - fill)}] {p.created}/{p.total} ready, {p.failed} failed, {now - start:.0f}s"
+        out.write(("\r" + line) if tty else (line + "\n"))
+        if tty and p.done >= p.total:
+            out.write("\n")
+        out.flush()
+
+    return show
+
+
+class Client:
+    """A client of one dsec server.
+
+    Args:
+        url: the server, e.g. ``"http://127.0.0.1:7070"``; default ``$DSEC_URL``.
+        api_key: default ``$DSEC_API_KEY``.
+        timeout: seconds for calls that run no command (create, files, ...).
+        retries: how many times a retryable failure is retried.
+        max_idle_connections: keep-alive connections kept for reuse.
+    """
+
+    def __init__(self, url: Optional[str] = None, api_key: Optional[str] = None, *, timeout: float = 60.0,
+                 retries: int = 3, max_idle_connections: int = 64) -> None:
+        self.url = (url or os.environ.get("DSEC_URL") or "http://127.0.0.1:7070").rstrip("/")
+        self.api_key = api_key if api_key is not None else os.environ.get("DSEC_API_KEY", "")
+        self.timeout = timeout
+        self.retries = retries
+        self._pool = Pool(self.url, max_idle=max_idle_connections)
+
+    # -- plumbing -----------------------------------------------------------------------------
+
+    def _send(self, req: _ops.Req) -> Response:
+        headers = dict(req.headers)
+        if self.api_key:
+            headers["Authorization"] = "Bearer " + self.api_key
+        timeout = req.timeout or self.timeout
+        attempt = 0
+        while True:
+            try:
+                resp = self._pool.request(req.method, req.target, headers, req.body, timeout)
+                if resp.status < 300:
+                    return resp
+                err = error_from_response(resp.status, resp.read(), resp.reason)
+                hdrs = resp.headers
+            except ApiError as e:  # connection errors are ApiErrors too
+                err, hdrs = e, {}
+            if attempt >= self.retries or not should_retry(req, err):
+                raise err
+            time.sleep(delay(attempt, hdrs))
+            attempt += 1
+
+    def _json(self, req: _ops.Req) -> Any:
+        data = self._send(req).read()
+        return json.loads(data) if data else None
+
+    # -- sandboxes ----------------------------------------------------------------------------
+
+    def health(self) -> Dict[str, Any]:
+        """``GET /healthz``."""
+        return self._json(_ops.jreq("GET", "/healthz"))
+
+    def create(self, *, timeout: Optional[float] = None, **spec: Any) -> "Sandbox":
+        """Creates a sandbox and returns it running.
+
+        Keyword args: ``layers`` (a base ref or ``{"base", "workspace",
+        "toolkit"}``), or ``base``/``workspace``/``toolkit``; ``backend``
+        (``container`` default, ``fncall`` takes a warm one, ``microvm``,
+        ``fullvm``); ``snapshot``; ``resources`` or ``cpu``/``memory_mb``/
+        ``disk_mb``/``pids``; ``network``; ``phase``; ``ttl_seconds``;
+        ``labels``; ``env``. ``with client.create(...) as sb:`` destroys it on
+        exit.
+        """
+        body = _ops.spec(**spec)
+        return Sandbox(self, SandboxInfo.from_json(self._json(_ops.create(body, timeout))))
+
+    def create_batch(self, count: int, *, progress: ProgressArg = None, timeout: Optional[float] = None,
+                     **spec: Any) -> "BatchResult":
+        """Creates ``count`` sandboxes (up to 32,768) from one spec in one call.
+
+        Partial success is normal: see :attr:`BatchResult.sandboxes` and
+        :attr:`BatchResult.errors`. ``progress=True`` draws a bar on stderr; a
+        callable gets each :class:`BatchProgress`. ``timeout`` bounds the wait
+        for each progress event (the server sends one every 0.25 s), not the
+        whole batch. If this process dies mid-batch, the server destroys what
+        the batch made.
+        """
+        cb = progress_bar() if progress is True else (progress or None)
+        resp = self._send(_ops.batch(count, _ops.spec(**spec), None))
+        items: List[Optional[BatchItem]] = [None] * count
+        result: Optional[Dict[str, Any]] = None
+        with resp:
+            for line in resp.iter_lines(timeout=timeout or 120.0):
+                ev = json.loads(line)
+                if "progress" in ev and cb:
+                    cb(BatchProgress(**{k: int(ev["progress"].get(k, 0)) for k in ("total", "placed", "created", "failed")}))
+                elif "item" in ev:
+                    it = BatchItem.from_json(ev["item"])
+                    if 0 <= it.index < count:
+                        items[it.index] = it
+                elif "result" in ev:
+                    result = ev["result"]
+                elif "error" in ev:
+                    e = ev["error"]
+                    raise error_from_response(500, json.dumps({"error": e}).encode())
+        if result is None:
+            raise DsecError("the batch stream ended without a result")
+        return BatchResult(self, result, [it or BatchItem(i, state="unknown") for i, it in enumerate(items)])
+
+    def sandbox(self, sandbox_id: str) -> "Sandbox":
+        """A handle on an existing sandbox, without asking the server."""
+        return Sandbox(self, SandboxInfo(id=sandbox_id, backend="", state=""))
+
+    def get(self, sandbox_id: str) -> "Sandbox":
+        """Reads a sandbox (any state until its record is purged)."""
+        return Sandbox(self, SandboxInfo.from_json(self._json(_ops.jreq("GET", _ops.sb_path(sandbox_id)))))
+
+    def list(self, *, labels: Optional[Mapping[str, str]] = None, state: Union[str, Sequence[str], None] = None,
+             all: bool = False, page_size: int = 1000) -> Iterator["Sandbox"]:
+        """Iterates over the tenant's sandboxes, every page, in id order."""
+        token = ""
+        while True:
+            q = _ops.list_query(labels, state, all, page_size, token)
+            page = self._json(_ops.jreq("GET", "/v1/sandboxes", query=q))
+            for d in page.get("sandboxes") or []:
+                yield Sandbox(self, SandboxInfo.from_json(d))
+            token = page.get("next_page_token", "")
+            if not token:
+                return
+
+    def delete(self, sandbox_id: str) -> None:
+        """Destroys a sandbox; idempotent."""
+        self._send(_ops.jreq("DELETE", _ops.sb_path(sandbox_id))).read()
+
+    # -- fncall -------------------------------------------------------------------------------
+
+    def fncall(self, cmd: _ops.Cmd, *, layers: _ops.Layers = None, base: Optional[str] = None,
+               workspace: Optional[str] = None, toolkit: Optional[str] = None,
+               resources: Optional[Mapping[str, Any]] = None, env: Optional[Mapping[str, str]] = None,
+               cwd: Optional[str] = None, stdin: Union[str, bytes, None] = None, timeout: Optional[float] = None,
+               max_output_bytes: Optional[int] = None, check: bool = False) -> ExecResult:
+        """Runs one short command in a clean, warm sandbox of the layer stack.
+
+        ``timeout`` (seconds, default 60) bounds the whole call, the wait for a
+        free sandbox included; a call that finds none in time raises
+        :class:`DeadlineExceededError`.
+        """
+        body = _ops.fncall_body(cmd, layers, base, workspace, toolkit, resources, env=env, cwd=cwd, stdin=stdin,
+                                timeout=timeout, max_output_bytes=max_output_bytes)
+        res = ExecResult.from_json(self._json(_ops.fncall(body, timeout)))
+        return res.check() if check else res
+
+    def warm_pool(self, size: int, *, layers: _ops.Layers = None, base: Optional[str] = None,
+                  workspace: Optional[str] = None, toolkit: Optional[str] = None,
+                  resources: Optional[Mapping[str, Any]] = None) -> PoolInfo:
+        """Makes the FnCall pool of a layer stack hold at least ``size`` sandboxes."""
+        body: Dict[str, Any] = {"layers": _ops.layers_obj(layers, base, workspace, toolkit) or {"base": "base:minimal"},
+                                "size": size}
+        if resources:
+            body["resources"] = dict(resources)
+        return PoolInfo.from_json(self._json(_ops.jreq("POST", "/v1/fncall/pools", body, timeout=_ops.CREATE_TIMEOUT)))
+
+    def pools(self) -> List[PoolInfo]:
+        """The tenant's FnCall pools."""
+        return [PoolInfo.from_json(d) for d in self._json(_ops.jreq("GET", "/v1/fncall/pools"))["pools"]]
+
+    # -- layers, nodes, tenants ---------------------------------------------------------------
+
+    def layers(self) -> List[Layer]:
+        """The tenant's layers and the public ones."""
+        return [Layer.from_json(d) for d in self._json(_ops.jreq("GET", "/v1/layers"))["layers"]]
+
+    def layer(self, ref: str) -> Layer:
+        """One layer by ``name:tag`` or ``sha256:...``."""
+        return Layer.from_json(self._json(_ops.jreq("GET", "/v1/layers/" + ref)))
+
+    def upload_layer(self, name: str, data: Union[bytes, str, Any], *, kind: str = "base", public: bool = False,
+                     timeout: float = 600.0) -> Layer:
+        """Uploads a layer: a tar stream (plain or gzip) or an EROFS image, as
+        bytes, a path to such a file, or a binary file object."""
+        if isinstance(data, str):
+            with open(data, "rb") as f:
+                data = f.read()
+        elif not isinstance(data, (bytes, bytearray)):
+            data = data.read()
+        q = [("kind", kind), ("name", name)] + ([("public", "1")] if public else [])
+        req = _ops.Req("POST", "/v1/layers", query=q, body=bytes(data), timeout=timeout,
+                       headers={"Content-Type": "application/octet-stream"})
+        return Layer.from_json(self._json(req))
+
+    def nodes(self) -> List[Dict[str, Any]]:
+        """Nodes with capacity and allocation (admin key)."""
+        return self._json(_ops.jreq("GET", "/v1/nodes"))["nodes"]
+
+    def create_tenant(self, name: str) -> Dict[str, Any]:
+        """Creates a tenant (admin key)."""
+        return self._json(_ops.jreq("POST", "/v1/tenants", {"name": name}))
+
+    def tenants(self) -> List[Dict[str, Any]]:
+        """Lists tenants (admin key)."""
+        return self._json(_ops.jreq("GET", "/v1/tenants"))["tenants"]
+
+    def create_key(self, tenant: str, *, admin: bool = False) -> str:
+        """Creates an API key for a tenant and returns it (shown only once)."""
+        return self._json(_ops.jreq("POST", f"/v1/tenants/{tenant}/keys", {"admin": admin}))["secret"]
+
+    def keys(self, tenant: str) -> List[Dict[str, Any]]:
+        """Lists a tenant's keys, without secrets (admin key)."""
+        return self._json(_ops.jreq("GET", f"/v1/tenants/{tenant}/keys"))["keys"]
+
+    def delete_key(self, key_id: str) -> None:
+        """Revokes a key (admin key)."""
+        self._send(_ops.jreq("DELETE", f"/v1/keys/{key_id}")).read()
+
+    def close(self) -> None:
+        """Closes the pooled connections."""
+        self._pool.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Sandbox:
+    """A handle on one sandbox. ``info`` is what the server said last."""
+
+    def __init__(self, client: Client, info: SandboxInfo) -> None:
+        self.client = client
+        self.info = info
+
+    @property
+    def id(self) -> str:
+        return self.info.id
+
+    @property
+    def state(self) -> str:
+        return self.info.state
+
+    def __repr__(self) -> str:
+        return f"Sandbox({self.id!r}, state={self.info.state!r}, node={self.info.node!r})"
+
+    def refresh(self) -> "Sandbox":
+        """Reads the sandbox again."""
+        self.info = SandboxInfo.from_json(self.client._json(_ops.jreq("GET", _ops.sb_path(self.id))))
+        return self
+
+    # -- exec -----------------------------------------------------------------------------------
+
+    def exec(self, cmd: _ops.Cmd, *, timeout: Optional[float] = None, env: Optional[Mapping[str, str]] = None,
+             cwd: Optional[str] = None, stdin: Union[str, bytes, None] = None, max_output_bytes: Optional[int] = None,
+             trajectory: Any = None, check: bool = False) -> ExecResult:
+        """Runs a command and waits for it.
+
+        ``cmd`` is a shell string (``/bin/sh -c``) or an argv list; ``timeout``
+        in seconds kills it (server default 600); ``trajectory=(id, step)``
+        keys it into the trajectory log. ``check=True`` raises
+        :class:`libdsec.ExecError` unless it exits 0.
+        """
+        body = _ops.exec_body(cmd, env=env, cwd=cwd, stdin=stdin, timeout=timeout,
+                              max_output_bytes=max_output_bytes, trajectory=trajectory)
+        res = ExecResult.from_json(self.client._json(_ops.exec_(self.id, body, timeout, False)))
+        return res.check() if check else res
+
+    def exec_stream(self, cmd: _ops.Cmd, *, timeout: Optional[float] = None, env: Optional[Mapping[str, str]] = None,
+                    cwd: Optional[str] = None, stdin: Union[str, bytes, None] = None,
+                    max_output_bytes: Optional[int] = None, trajectory: Any = None) -> "ExecStream":
+        """Runs a command, yielding its output as it comes.
+
+        Iterate the returned :class:`ExecStream` for :class:`OutputChunk`
+        values; its ``result`` is set at the end. Closing it early kills the
+        command.
+        """
+        body = _ops.exec_body(cmd, env=env, cwd=cwd, stdin=stdin, timeout=timeout,
+                              max_output_bytes=max_output_bytes, trajectory=trajectory)
+        resp = self.client._send(_ops.exec_(self.id, body, timeout, True))
+        return ExecStream(resp, _ops.http_timeout(timeout))
+
+    def spawn(self, cmd: _ops.Cmd, *, timeout: Optional[float] = None, env: Optional[Mapping[str, str]] = None,
+              cwd: Optional[str] = None, stdin: Union[str, bytes, None] = None,
+              max_output_bytes: Optional[int] = None) -> "Process":
+        """Starts a background command and returns its :class:`Process` at once."""
+        body = _ops.exec_body(cmd, env=env, cwd=cwd, stdin=stdin, timeout=timeout,
+                              max_output_bytes=max_output_bytes, background=True)
+        res = ExecResult.from_json(self.client._json(_ops.exec_(self.id, body, 30.0, False)))
+        assert res.process is not None, "a background exec answers with a process"
+        return Process(self, res.process)
+
+    def processes(self) -> List["Process"]:
+        """Background processes, running and exited, in start order."""
+        d = self.client._json(_ops.jreq("GET", _ops.proc_path(self.id)))
+        return [Process(self, ProcessInfo.from_json(p)) for p in d["processes"]]
+
+    def process(self, pid: str) -> "Process":
+        """A background process by id (``p-1``...)."""
+        return Process(self, ProcessInfo(id=pid)).refresh()
+
+    # -- files ----------------------------------------------------------------------------------
+
+    def read_file(self, path: str) -> bytes:
+        """A file's bytes."""
+        return self.client._send(_ops.files("GET", self.id, path, self.client.timeout)).read()
+
+    def read_text(self, path: str) -> str:
+        """A file as UTF-8 text."""
+        return self.read_file(path).decode("utf-8")
+
+    def write_file(self, path: str, data: Union[bytes, str], *, mode: Optional[int] = None) -> None:
+        """Writes a file atomically, creating parent directories (mode 0644 unless given)."""
+        req = _ops.files("PUT", self.id, path, self.client.timeout, mode=None if mode is None else format(mode, "o"))
+        req.body = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+        req.headers["Content-Type"] = "application/octet-stream"
+        self.client._send(req).read()
+
+    def list_dir(self, path: str) -> List[FileInfo]:
+        """A directory's entries, sorted by name."""
+        d = self.client._json(_ops.files("GET", self.id, path, self.client.timeout, list="1"))
+        return [FileInfo.from_json(e) for e in d["entries"]]
+
+    def remove(self, path: str, *, recursive: bool = False) -> None:
+        """Removes a file or an empty directory; a whole tree with ``recursive``."""
+        self.client._send(_ops.files("DELETE", self.id, path, self.client.timeout,
+                                     recursive="1" if recursive else None)).read()
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def _lifecycle(self, op: str) -> "Sandbox":
+        d = self.client._json(_ops.lifecycle(self.id, op, _ops.CREATE_TIMEOUT))
+        self.info = SandboxInfo.from_json(d)
+        return self
+
+    def reset(self) -> "Sandbox":
+        """Back to the clean state of its layers, in place: every process killed."""
+        return self._lifecycle("reset")
+
+    def pause(self) -> "Sandbox":
+        """Freezes every process."""
+        return self._lifecycle("pause")
+
+    def resume(self) -> "Sandbox":
+        """Thaws a paused sandbox."""
+        return self._lifecycle("resume")
+
+    def snapshot(self) -> str:
+        """pack_diff: saves the sandbox's changes as a layer; returns a ref to
+        create from (``client.create(snapshot=ref)``)."""
+        d = self.client._json(_ops.jreq("POST", _ops.sb_path(self.id, "snapshot"), None, timeout=600.0))
+        return d["ref"]
+
+    def set_phase(self, phase: str) -> "Sandbox":
+        """Switches the sandbox's policy phase (e.g. ``setup`` -> ``agent`` -> ``eval``)."""
+        d = self.client._json(_ops.jreq("PUT", _ops.sb_path(self.id, "phase"), {"phase": phase}))
+        if isinstance(d, dict) and "id" in d:
+            self.info = SandboxInfo.from_json(d)
+        else:
+            self.info.phase = phase
+        return self
+
+    def close(self) -> None:
+        """Destroys the sandbox; idempotent."""
+        self.client.delete(self.id)
+        self.info.state = "deleted"
+
+    delete = close
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ExecStream:
+    """The output of a streamed exec, as :class:`OutputChunk` values.
+
+    ``result`` holds the :class:`ExecResult` once the stream ended. Use it as a
+    context manager, or call :meth:`close`, to stop early (which kills the
+    command)."""
+
+    def __init__(self, resp: Response, read_timeout: float) -> None:
+        self._resp = resp
+        self._lines = resp.iter_lines(timeout=read_timeout)
+        self.result: Optional[ExecResult] = None
+
+    def __iter__(self) -> Iterator[OutputChunk]:
+        return self
+
+    def __next__(self) -> OutputChunk:
+        if self.result is not None:
+            raise StopIteration
+        ctype = self._resp.headers.get("content-type", "")
+        if ctype.startswith("application/json"):
+            self.result = ExecResult.from_json(json.loads(self._resp.read()))
+            raise StopIteration
+        for line in self._lines:
+            ev = parse_exec_event(json.loads(line))
+            if isinstance(ev, OutputChunk):
+                return ev
+            if isinstance(ev, ExecResult):
+                self.result = ev
+                for _ in self._lines:  # read to the end so the connection is reused
+                    pass
+                raise StopIteration
+            if isinstance(ev, ApiError):
+                self.close()
+                raise ev
+        raise DsecError("exec stream ended without a result")
+
+    def wait(self) -> ExecResult:
+        """Reads the rest of the stream (discarding output) and returns the result."""
+        for _ in self:
+            pass
+        assert self.result is not None
+        return self.result
+
+    def close(self) -> None:
+        self._resp.close()
+
+    def __enter__(self) -> "ExecStream":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Process:
+    """A background command started with :meth:`Sandbox.spawn`."""
+
+    def __init__(self, sandbox: Sandbox, info: ProcessInfo) -> None:
+        self.sandbox = sandbox
+        self.info = info
+
+    @property
+    def id(self) -> str:
+        return self.info.id
+
+    @property
+    def running(self) -> bool:
+        return self.info.running
+
+    @property
+    def result(self) -> Optional[ExecResult]:
+        return self.info.result
+
+    def __repr__(self) -> str:
+        return f"Process({self.id!r}, running={self.info.running})"
+
+    def _path(self, rest: str = "") -> str:
+        return _ops.proc_path(self.sandbox.id, self.id, rest)
+
+    def refresh(self) -> "Process":
+        self.info = ProcessInfo.from_json(self.sandbox.client._json(_ops.jreq("GET", self._path())))
+        return self
+
+    def wait(self, timeout: Optional[float] = None) -> "Process":
+        """Waits until it exits or ``timeout`` seconds pass (check ``running``)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = 300.0 if deadline is None else max(0.0, deadline - time.monotonic())
+            step = min(left, 300.0)
+            q = [("timeout_ms", str(int(step * 1000)))]
+            req = _ops.jreq("GET", self._path("wait"), query=q, timeout=step + _ops.EXEC_MARGIN)
+            self.info = ProcessInfo.from_json(self.sandbox.client._json(req))
+            if not self.info.running or (deadline is not None and time.monotonic() >= deadline):
+                return self
+
+    def output(self, stream: str = "stdout", offset: int = 0) -> OutputPage:
+        """The bytes of ``stream`` kept from ``offset`` on."""
+        req = _ops.jreq("GET", self._path("output"), query=[("stream", stream), ("offset", str(offset))])
+        resp = self.sandbox.client._send(req)
+        data = resp.read()
+        h = resp.headers
+        return OutputPage(data, int(h.get("x-dsec-offset", offset)), int(h.get("x-dsec-next-offset", offset + len(data))),
+                          int(h.get("x-dsec-dropped", 0)))
+
+    def follow(self, stream: str = "stdout", offset: int = 0, *, timeout: float = 3600.0) -> Iterator[bytes]:
+        """Yields output as it is written, until the process exits."""
+        req = _ops.jreq("GET", self._path("output"),
+                        query=[("stream", stream), ("offset", str(offset)), ("follow", "1")], timeout=timeout)
+        resp = self.sandbox.client._send(req)
+        with resp:
+            while True:
+                try:
+                    chunk = resp._resp.read1(65536)  # type: ignore[attr-defined]
+                except OSError as e:
+                    raise DsecError(f"following output: {e}") from e
+                if not chunk:
+                    break
+                yield chunk
+            resp._finish()
+
+    def signal(self, sig: str = "TERM") -> "Process":
+        """Sends a signal (TERM, KILL, INT, HUP, QUIT, USR1, USR2) to its process group."""
+        req = _ops.jreq("POST", self._path("signal"), None, query=[("signal", sig)])
+        self.info = ProcessInfo.from_json(self.sandbox.client._json(req))
+        return self
+
+    def kill(self) -> "Process":
+        return self.signal("KILL")
+
+    def forget(self) -> None:
+        """Drops an exited process's record."""
+        self.sandbox.client._send(_ops.jreq("DELETE", self._path())).read()
+
+
+class BatchResult:
+    """What a batch create made. ``sandboxes`` are the created ones (in index
+    order); ``errors`` the items that failed. As a context manager it
+    destroys every created sandbox on exit."""
+
+    def __init__(self, client: Client, result: Dict[str, Any], items: List[BatchItem]) -> None:
+        self.client = client
+        self.batch: str = result.get("batch", "")
+        self.requested = int(result.get("requested", 0))
+        self.created = int(result.get("created", 0))
+        self.failed = int(result.get("failed", 0))
+        self.duration_ms = int(result.get("duration_ms", 0))
+        self.items = items
+
+    @property
+    def sandboxes(self) -> List[Sandbox]:
+        return [self.client.sandbox(it.id) for it in self.items if it.error is None and it.id]
+
+    @property
+    def errors(self) -> List[BatchItem]:
+        return [it for it in self.items if it.error is not None]
+
+    def __len__(self) -> int:
+        return self.created
+
+    def __repr__(self) -> str:
+        return f"BatchResult({self.batch!r}, created={self.created}, failed={self.failed})"
+
+    def close_all(self, parallel: int = 32) -> None:
+        """Destroys every sandbox the batch created."""
+        with ThreadPoolExecutor(max_workers=parallel) as ex:
+            list(ex.map(lambda sb: sb.close(), self.sandboxes))
+
+    def __enter__(self) -> "BatchResult":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close_all()
+

@@ -1,0 +1,294 @@
+"""Plain data of the dsec API: sandboxes, exec results, processes, files,
+layers, batch results. Each has a ``from_json`` that reads the API's JSON
+and keeps the raw dict in ``raw`` for fields this version does not know."""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+from .errors import ApiError, ExecError, error_from_code
+
+__all__ = [
+    "SandboxInfo",
+    "ExecResult",
+    "OutputChunk",
+    "ProcessInfo",
+    "OutputPage",
+    "FileInfo",
+    "Layer",
+    "BatchItem",
+    "BatchProgress",
+    "Pool",
+    "Trajectory",
+]
+
+
+def _b(s: str, encoding: Optional[str]) -> bytes:
+    if encoding == "base64":
+        return base64.b64decode(s)
+    return s.encode("utf-8")
+
+
+@dataclass
+class SandboxInfo:
+    """A sandbox as the API describes it."""
+
+    id: str
+    backend: str
+    state: str
+    node: str = ""
+    layers: Dict[str, str] = field(default_factory=dict)
+    resources: Dict[str, Any] = field(default_factory=dict)
+    labels: Dict[str, str] = field(default_factory=dict)
+    env: Dict[str, str] = field(default_factory=dict)
+    phase: str = ""
+    snapshot: str = ""
+    error: str = ""
+    created_at: str = ""
+    expires_at: str = ""
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "SandboxInfo":
+        return cls(
+            id=d["id"],
+            backend=d.get("backend", ""),
+            state=d.get("state", ""),
+            node=d.get("node", ""),
+            layers=d.get("layers") or {},
+            resources=d.get("resources") or {},
+            labels=d.get("labels") or {},
+            env=d.get("env") or {},
+            phase=d.get("phase", ""),
+            snapshot=d.get("snapshot", ""),
+            error=d.get("error", ""),
+            created_at=d.get("created_at", ""),
+            expires_at=d.get("expires_at", ""),
+            raw=d,
+        )
+
+
+@dataclass
+class ExecResult:
+    """The outcome of a command.
+
+    ``stdout``/``stderr`` are text (undecodable bytes replaced);
+    ``stdout_bytes``/``stderr_bytes`` are the exact bytes. When the output
+    went over its cap, the head and tail are kept and ``truncated`` is set.
+    """
+
+    exit_code: int
+    stdout_bytes: bytes = b""
+    stderr_bytes: bytes = b""
+    signal: str = ""
+    truncated: bool = False
+    stdout_dropped: int = 0
+    stderr_dropped: int = 0
+    timed_out: bool = False
+    duration_ms: int = 0
+    replayed: bool = False
+    process: Optional["ProcessInfo"] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def stdout(self) -> str:
+        return self.stdout_bytes.decode("utf-8", "replace")
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_bytes.decode("utf-8", "replace")
+
+    @property
+    def ok(self) -> bool:
+        """True if the command exited 0 and did not time out."""
+        return self.exit_code == 0 and not self.timed_out
+
+    def check(self) -> "ExecResult":
+        """Raises :class:`libdsec.ExecError` unless the command succeeded."""
+        if not self.ok:
+            raise ExecError(self)
+        return self
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "ExecResult":
+        enc = d.get("encoding")
+        proc = d.get("process")
+        return cls(
+            exit_code=int(d.get("exit_code", 0)),
+            stdout_bytes=_b(d.get("stdout", ""), enc),
+            stderr_bytes=_b(d.get("stderr", ""), enc),
+            signal=d.get("signal", ""),
+            truncated=bool(d.get("truncated", False)),
+            stdout_dropped=int(d.get("stdout_dropped", 0)),
+            stderr_dropped=int(d.get("stderr_dropped", 0)),
+            timed_out=bool(d.get("timed_out", False)),
+            duration_ms=int(d.get("duration_ms", 0)),
+            replayed=bool(d.get("replayed", False)),
+            process=ProcessInfo.from_json(proc) if proc else None,
+            raw=d,
+        )
+
+
+@dataclass
+class OutputChunk:
+    """One piece of a streamed command's output."""
+
+    stream: str  # "stdout" or "stderr"
+    data: bytes
+
+    @property
+    def text(self) -> str:
+        return self.data.decode("utf-8", "replace")
+
+
+def parse_exec_event(d: Dict[str, Any]) -> Any:
+    """One NDJSON exec event: an OutputChunk, the final ExecResult, or an ApiError."""
+    if "stdout" in d:
+        return OutputChunk("stdout", _b(d["stdout"], d.get("encoding")))
+    if "stderr" in d:
+        return OutputChunk("stderr", _b(d["stderr"], d.get("encoding")))
+    if "exit" in d:
+        return ExecResult.from_json(d["exit"])
+    if "error" in d:
+        e = d["error"]
+        return error_from_code(e.get("code", "internal"), e.get("message", ""))
+    return None
+
+
+@dataclass
+class ProcessInfo:
+    """A background command inside a sandbox."""
+
+    id: str
+    pid: int = 0
+    running: bool = False
+    started_at: str = ""
+    exited_at: str = ""
+    result: Optional[ExecResult] = None
+    output_size: int = 0
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "ProcessInfo":
+        res = d.get("result")
+        return cls(
+            id=d["id"],
+            pid=int(d.get("pid", 0)),
+            running=bool(d.get("running", False)),
+            started_at=d.get("started_at", ""),
+            exited_at=d.get("exited_at", "") or "",
+            result=ExecResult.from_json(res) if res else None,
+            output_size=int(d.get("output_size", 0)),
+        )
+
+
+@dataclass
+class OutputPage:
+    """Bytes of a background process's stream, from ``offset`` to ``next_offset``."""
+
+    data: bytes
+    offset: int
+    next_offset: int
+    dropped: int
+
+
+@dataclass
+class FileInfo:
+    """One entry of a directory listing."""
+
+    name: str
+    type: str
+    size: int
+    mode: int
+    mod_time: str
+    target: str = ""
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "FileInfo":
+        return cls(d["name"], d.get("type", ""), int(d.get("size", 0)), int(d.get("mode", 0)),
+                   d.get("mod_time", ""), d.get("target", ""))
+
+
+@dataclass
+class Layer:
+    """A read-only filesystem layer."""
+
+    ref: str
+    name: str
+    tag: str
+    digest: str
+    kind: str
+    size: int
+    public: bool
+    created_at: str = ""
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "Layer":
+        return cls(d["ref"], d["name"], d["tag"], d["digest"], d["kind"], int(d.get("size", 0)),
+                   bool(d.get("public", False)), d.get("created_at", ""))
+
+
+@dataclass
+class BatchProgress:
+    """Counts of a batch create so far."""
+
+    total: int
+    placed: int
+    created: int
+    failed: int
+
+    @property
+    def done(self) -> int:
+        return self.created + self.failed
+
+
+@dataclass
+class BatchItem:
+    """The outcome of one sandbox of a batch."""
+
+    index: int
+    id: str = ""
+    node: str = ""
+    state: str = ""
+    error: Optional[ApiError] = None
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "BatchItem":
+        e = d.get("error")
+        err = error_from_code(e.get("code", "internal"), e.get("message", "")) if e else None
+        return cls(int(d.get("index", 0)), d.get("id", ""), d.get("node", ""), d.get("state", ""), err)
+
+
+@dataclass
+class Pool:
+    """A warm FnCall pool of the tenant."""
+
+    id: str
+    layers: Dict[str, str]
+    size: int
+    idle: int
+    busy: int
+    resetting: int
+    creating: int
+    waiting: int
+    target: int
+    min: int
+    max: int
+    calls: int
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "Pool":
+        g = lambda k: int(d.get(k, 0))  # noqa: E731
+        return cls(d["id"], d.get("layers") or {}, g("size"), g("idle"), g("busy"), g("resetting"),
+                   g("creating"), g("waiting"), g("target"), g("min"), g("max"), g("calls"), d)
+
+
+@dataclass
+class Trajectory:
+    """Keys an exec into the trajectory log: the same (id, step) replays."""
+
+    id: str
+    step: int
+
