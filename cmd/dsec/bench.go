@@ -12,7 +12,7 @@ import (
 
 func benchCmd(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return errors.New("usage: dsec bench create [flags]")
+		return errors.New("usage: dsec bench create|fncall|batch [flags]")
 	}
 	sub, args := args[0], args[1:]
 	fs := flag.NewFlagSet("dsec bench "+sub, flag.ContinueOnError)
@@ -33,6 +33,31 @@ func benchCmd(ctx context.Context, args []string) error {
 		}
 		cfg.Client = newClient()
 		return bench.Create(ctx, cfg)
+	case "fncall":
+		cfg := bench.FnCallConfig{Out: os.Stdout}
+		fs.StringVar(&cfg.Base, "base", "base:minimal", "base layer")
+		fs.BoolVar(&cfg.Python, "python", false, "also time `python3 -c` (the base needs python3, e.g. debian:12)")
+		fs.IntVar(&cfg.Calls, "n", 500, "calls per command")
+		fs.IntVar(&cfg.Baseline, "baseline-n", 60, "create→exec→destroy cycles per command for the baseline")
+		fs.IntVar(&cfg.Concurrency, "concurrency", 8, "calls at a time")
+		fs.Int64Var(&cfg.MemoryMB, "memory", 128, "memory_mb of the sandboxes")
+		if _, _, err := parseArgs(fs, args); err != nil {
+			return err
+		}
+		cfg.Client = newClient()
+		return bench.FnCall(ctx, cfg)
+	case "batch":
+		cfg := bench.BatchConfig{Out: os.Stdout}
+		fs.StringVar(&cfg.Base, "base", "base:minimal", "base layer")
+		fs.IntVar(&cfg.Count, "n", 1000, "sandboxes in the batch")
+		fs.IntVar(&cfg.Baseline, "baseline-n", 200, "sandboxes created one by one for the baseline (0: none)")
+		fs.IntVar(&cfg.Concurrency, "concurrency", 32, "single creates at a time in the baseline")
+		fs.Int64Var(&cfg.MemoryMB, "memory", 16, "memory_mb of each sandbox (the scheduler never overcommits memory)")
+		if _, _, err := parseArgs(fs, args); err != nil {
+			return err
+		}
+		cfg.Client = newClient()
+		return bench.Batch(ctx, cfg)
 	}
 	return fmt.Errorf("unknown benchmark %q", sub)
 }
