@@ -40,6 +40,7 @@ func benchCmd(ctx context.Context, args []string) error {
 		fs.IntVar(&cfg.Calls, "n", 500, "calls per command")
 		fs.IntVar(&cfg.Baseline, "baseline-n", 60, "create→exec→destroy cycles per command for the baseline")
 		fs.IntVar(&cfg.Concurrency, "concurrency", 8, "calls at a time")
+		fs.Float64Var(&cfg.Rate, "rate", 0, "also send the calls open-loop at this many per second")
 		fs.Int64Var(&cfg.MemoryMB, "memory", 128, "memory_mb of the sandboxes")
 		if _, _, err := parseArgs(fs, args); err != nil {
 			return err

@@ -20,7 +20,11 @@ type FnCallConfig struct {
 	// Calls FnCalls per command, Concurrency at a time; Baseline
 	// create→exec→destroy cycles per command at the same concurrency.
 	Calls, Baseline, Concurrency int
-	MemoryMB                     int64
+	// Rate, if set, also sends Calls calls at this many per second (open
+	// loop): latency at a load the node sustains, where a closed loop
+	// measures the saturated throughput.
+	Rate     float64
+	MemoryMB int64
 	Out                          io.Writer
 }
 
@@ -76,6 +80,14 @@ func FnCall(ctx context.Context, cfg FnCallConfig) error {
 			return fmt.Errorf("baseline: %w", err)
 		}
 		fmt.Fprintf(w, "%-46s %9s %9s %11s\n", "fncall "+name, ms(fs.p50), ms(fs.p99), perSec(cfg.Calls, fwall))
+		if cfg.Rate > 0 {
+			os, owall, err := openLoop(cfg.Calls, cfg.Rate, call)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(w, "%-46s %9s %9s %11s\n", fmt.Sprintf("fncall %s at %.0f/s", name, cfg.Rate), ms(os.p50), ms(os.p99),
+				perSec(cfg.Calls, owall))
+		}
 		fmt.Fprintf(w, "%-46s %9s %9s %11s\n", "baseline: create→exec→destroy "+name, ms(bs.p50), ms(bs.p99), perSec(cfg.Baseline, bwall))
 		fmt.Fprintf(w, "%-46s %8.1f× lower p50, %.1f× the calls/s\n", "", float64(bs.p50)/float64(fs.p50),
 			(float64(cfg.Calls)/fwall.Seconds())/(float64(cfg.Baseline)/bwall.Seconds()))
@@ -98,6 +110,34 @@ func timeMany(n, conc int, fn func() error) (stats, time.Duration, error) {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
+			t0 := time.Now()
+			err := fn()
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil && firstErr == nil {
+				firstErr = err
+			}
+			lat = append(lat, time.Since(t0))
+		}()
+	}
+	wg.Wait()
+	return summarize(lat), time.Since(start), firstErr
+}
+
+// openLoop starts n calls at rate per second, whatever the answers, and
+// returns their latencies.
+func openLoop(n int, rate float64, fn func() error) (stats, time.Duration, error) {
+	var mu sync.Mutex
+	var lat []time.Duration
+	var firstErr error
+	var wg sync.WaitGroup
+	every := time.Duration(float64(time.Second) / rate)
+	start := time.Now()
+	for i := range n {
+		time.Sleep(time.Until(start.Add(time.Duration(i) * every)))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
 			t0 := time.Now()
 			err := fn()
 			mu.Lock()
