@@ -51,11 +51,14 @@ func benchCmd(ctx context.Context, args []string) error {
 		cfg := bench.BatchConfig{Out: os.Stdout}
 		fs.StringVar(&cfg.Base, "base", "base:minimal", "base layer")
 		fs.IntVar(&cfg.Count, "n", 1000, "sandboxes in the batch")
-		fs.IntVar(&cfg.Baseline, "baseline-n", 200, "sandboxes created one by one for the baseline (0: none)")
+		fs.IntVar(&cfg.Baseline, "baseline-n", -1, "sandboxes created by single creates for the baseline (default: as many as the batch; 0: none)")
 		fs.IntVar(&cfg.Concurrency, "concurrency", 32, "single creates at a time in the baseline")
 		fs.Int64Var(&cfg.MemoryMB, "memory", 16, "memory_mb of each sandbox (the scheduler never overcommits memory)")
 		if _, _, err := parseArgs(fs, args); err != nil {
 			return err
+		}
+		if cfg.Baseline < 0 {
+			cfg.Baseline = cfg.Count
 		}
 		cfg.Client = newClient()
 		return bench.Batch(ctx, cfg)

@@ -26,7 +26,7 @@ type BatchConfig struct {
 func Batch(ctx context.Context, cfg BatchConfig) error {
 	w := cfg.Out
 	spec := api.CreateSandboxRequest{Layers: &api.LayerRefs{Base: cfg.Base},
-		Resources: api.Resources{CPU: 0.05, MemoryMB: cfg.MemoryMB}, Labels: map[string]string{"bench": "batch"}}
+		Resources: api.Resources{CPU: 0.05, MemoryMB: cfg.MemoryMB, Pids: 64}, Labels: map[string]string{"bench": "batch"}}
 	fmt.Fprintf(w, "dsec bench batch: %d sandboxes of %s with %d MB in one batch; baseline %d single creates, %d at a time\n\n",
 		cfg.Count, cfg.Base, cfg.MemoryMB, cfg.Baseline, cfg.Concurrency)
 
