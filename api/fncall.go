@@ -47,6 +47,9 @@ type FnCallPool struct {
 	Min       int   `json:"min"`
 	Max       int   `json:"max"`
 	Calls     int64 `json:"calls"` // calls served since the pool was made
+	// Resets counts the calls after which the sandbox had to be reset;
+	// after the others it was proven unchanged and handed on as it was.
+	Resets int64 `json:"resets"`
 }
 
 // FnCallPoolList is the body of GET /v1/fncall/pools.

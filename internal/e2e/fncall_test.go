@@ -60,6 +60,18 @@ func TestFnCall(t *testing.T) {
 		}
 	})
 
+	t.Run("calls that change nothing need no reset", func(t *testing.T) {
+		before := poolCounts(t, c)
+		for range 5 {
+			call(t, c, api.FnCallRequest{Cmd: []string{"cat", "/etc/passwd"}})
+		}
+		after := poolCounts(t, c)
+		if after.Calls-before.Calls != 5 || after.Resets != before.Resets {
+			t.Fatalf("5 read-only calls: calls %d→%d, resets %d→%d; want no reset", before.Calls, after.Calls,
+				before.Resets, after.Resets)
+		}
+	})
+
 	t.Run("a full pool makes calls wait, within their timeout", func(t *testing.T) {
 		var wg sync.WaitGroup
 		errs := make(chan error, 4)
@@ -183,6 +195,29 @@ func TestFnCall(t *testing.T) {
 		}
 		testutil.RequireNoSandboxLeft(t, s)
 	})
+}
+
+// poolCounts sums the calls and resets of the admin tenant's pools, once
+// no reset is in flight.
+func poolCounts(t *testing.T, c *client.Client) api.FnCallPool {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		pools, err := c.ListPools(ctxT(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sum api.FnCallPool
+		for _, p := range pools.Pools {
+			sum.Calls += p.Calls
+			sum.Resets += p.Resets
+			sum.Resetting += p.Resetting
+		}
+		if sum.Resetting == 0 || time.Now().After(deadline) {
+			return sum
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // TestFnCallStream: a call streams its output as NDJSON like an exec.

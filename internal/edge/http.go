@@ -49,6 +49,7 @@ func (e *Edge) Handler(token string) http.Handler {
 		}
 		w.WriteHeader(http.StatusNoContent)
 	})
+	mux.HandleFunc("POST /v1/sandboxes/{id}/recycle", e.handleRecycle)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/{op}", func(w http.ResponseWriter, r *http.Request) {
 		id := r.PathValue("id")
 		var err error

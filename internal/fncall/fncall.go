@@ -32,8 +32,9 @@ type Sandbox struct {
 type Runtime interface {
 	// Create builds a sandbox of spec for tenant, marked as a member of pool.
 	Create(ctx context.Context, tenant, pool string, spec any) (Sandbox, error)
-	// Reset brings a sandbox back to the clean state of its layers.
-	Reset(ctx context.Context, sb Sandbox) error
+	// Recycle brings a used sandbox back to the clean state of its layers:
+	// as it is if nothing of it changed, by a reset otherwise (restarted).
+	Recycle(ctx context.Context, sb Sandbox) (restarted bool, err error)
 	// Destroy removes a sandbox; destroying a missing one succeeds.
 	Destroy(ctx context.Context, sb Sandbox) error
 }
@@ -81,6 +82,9 @@ type PoolStats struct {
 	Size, Idle, Busy, Resetting, Creating int
 	Waiting, Target, Min, Max             int
 	Calls                                 int64
+	// Resets counts the calls after which the sandbox had to be reset
+	// (the others changed nothing and it was handed on as it was).
+	Resets int64
 }
 
 // Lease is a sandbox handed to one call.
@@ -262,9 +266,10 @@ func (m *Manager) Release(l *Lease, clean bool) {
 	go func() {
 		defer m.wg.Done()
 		var err error
+		restarted := false
 		if clean && m.now().Sub(mem.born) < m.cfg.MaxAge {
 			ctx, cancel := context.WithTimeout(context.Background(), m.cfg.OpTimeout)
-			err = m.rt.Reset(ctx, mem.sb)
+			restarted, err = m.rt.Recycle(ctx, mem.sb)
 			cancel()
 			if err != nil {
 				m.log.Warn("fncall: reset failed; destroying the sandbox", "sandbox", mem.sb.ID, "pool", p.id, "err", err)
@@ -275,6 +280,9 @@ func (m *Manager) Release(l *Lease, clean bool) {
 		m.mu.Lock()
 		defer m.mu.Unlock()
 		p.resetting--
+		if restarted {
+			p.resets++
+		}
 		if mem.forgotten {
 			return
 		}

@@ -45,14 +45,14 @@ func (f *fakeRuntime) Create(ctx context.Context, tenant, pool string, spec any)
 	return Sandbox{ID: id, Node: "n1"}, nil
 }
 
-func (f *fakeRuntime) Reset(ctx context.Context, sb Sandbox) error {
+func (f *fakeRuntime) Recycle(ctx context.Context, sb Sandbox) (bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.resets[sb.ID]++
 	if f.failReset[sb.ID] {
-		return errors.New("reset failed")
+		return true, errors.New("reset failed")
 	}
-	return nil
+	return true, nil
 }
 
 func (f *fakeRuntime) Destroy(ctx context.Context, sb Sandbox) error {
@@ -111,7 +111,7 @@ func TestCallsReuseResetSandboxes(t *testing.T) {
 	if rt.resets[first] != 5 || rt.n != 1 {
 		t.Fatalf("resets %v, creates %d; want 5 resets of one sandbox", rt.resets, rt.n)
 	}
-	if ps := m.Pools("t1"); len(ps) != 1 || ps[0].Calls != 5 || ps[0].Idle != 1 {
+	if ps := m.Pools("t1"); len(ps) != 1 || ps[0].Calls != 5 || ps[0].Resets != 5 || ps[0].Idle != 1 {
 		t.Fatalf("pool stats %+v", ps)
 	}
 	if ps := m.Pools("other"); len(ps) != 0 {

@@ -53,7 +53,7 @@ type pool struct {
 	idle                      []*member // a stack: the most recently used on top
 	busy, resetting, creating int
 	waiters                   []*waiter // FIFO
-	calls                     int64
+	calls, resets             int64
 	lastActive                time.Time
 	hist                      []bucket // one per second of the window
 }
@@ -126,5 +126,6 @@ func (p *pool) stats() PoolStats {
 		ID: p.id, Describe: p.info.Describe,
 		Size: p.size(), Idle: len(p.idle), Busy: p.busy, Resetting: p.resetting, Creating: p.creating,
 		Waiting: len(p.waiters), Target: p.target(), Min: p.m.cfg.Min, Max: p.m.cfg.Max, Calls: p.calls,
+		Resets: p.resets,
 	}
 }

@@ -43,12 +43,12 @@ func (rt poolRuntime) Create(ctx context.Context, tenant, pool string, spec any)
 	return fncall.Sandbox{ID: sb.API.ID, Node: sb.API.Node}, nil
 }
 
-func (rt poolRuntime) Reset(ctx context.Context, sb fncall.Sandbox) error {
+func (rt poolRuntime) Recycle(ctx context.Context, sb fncall.Sandbox) (bool, error) {
 	n, err := rt.s.nodes.get(sb.Node)
 	if err != nil {
-		return err
+		return false, err
 	}
-	return n.client.Reset(ctx, sb.ID)
+	return n.client.Recycle(ctx, sb.ID)
 }
 
 func (rt poolRuntime) Destroy(ctx context.Context, sb fncall.Sandbox) error {
@@ -240,7 +240,7 @@ func (s *Server) listPools(w http.ResponseWriter, r *http.Request) error {
 func poolView(ps fncall.PoolStats) api.FnCallPool {
 	v, _ := ps.Describe.(api.FnCallPool)
 	v.ID, v.Size, v.Idle, v.Busy, v.Resetting, v.Creating = ps.ID, ps.Size, ps.Idle, ps.Busy, ps.Resetting, ps.Creating
-	v.Waiting, v.Target, v.Min, v.Max, v.Calls = ps.Waiting, ps.Target, ps.Min, ps.Max, ps.Calls
+	v.Waiting, v.Target, v.Min, v.Max, v.Calls, v.Resets = ps.Waiting, ps.Target, ps.Min, ps.Max, ps.Calls, ps.Resets
 	return v
 }
 

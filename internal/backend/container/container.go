@@ -300,6 +300,7 @@ func (b *Backend) start(ctx context.Context, rec *record) (err error) {
 		b.runc.delete(context.WithoutCancel(ctx), id)
 		return fmt.Errorf("start sandbox %s: cpu quota: %w", id, err)
 	}
+	b.recordBaseline(id)
 	return nil
 }
 
@@ -331,6 +332,7 @@ func listen(path string) (*os.File, error) {
 // gone. It is the single cleanup path for failed creates and destroys.
 func (b *Backend) teardown(ctx context.Context, id string, rec *record) error {
 	dir := b.dir(id)
+	b.forgetBaseline(id)
 	var errs []error
 	if err := b.runc.delete(ctx, id); err != nil {
 		errs = append(errs, err)
