@@ -44,7 +44,7 @@ func fncallCmd(ctx context.Context, args []string) error {
 		fmt.Fprintln(tw, "POOL\tBASE\tWORKSPACE\tTOOLKIT\tSIZE\tIDLE\tBUSY\tRESETTING\tCREATING\tWAITING\tTARGET\tCALLS\tRESETS")
 		for _, p := range list.Pools {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", p.ID, p.Layers.Base, p.Layers.Workspace,
-				p.Layers.Toolkit, p.Size, p.Idle, p.Busy, p.Resetting, p.Creating, p.Waiting, p.Target, p.Calls)
+				p.Layers.Toolkit, p.Size, p.Idle, p.Busy, p.Resetting, p.Creating, p.Waiting, p.Target, p.Calls, p.Resets)
 		}
 		return tw.Flush()
 	case "warm":
