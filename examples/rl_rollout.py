@@ -153,23 +153,34 @@ def episode(sb: libdsec.Sandbox, rng: random.Random) -> float:
     return float(json.loads(r.stdout)["reward"])
 
 
-def run_reset(client: libdsec.Client, spec: dict, parallel: int, episodes: int) -> Tuple[float, List[float]]:
+def run_reset(client: libdsec.Client, spec: dict, parallel: int, episodes: int) -> Tuple[float, List[float], int]:
     """Sandboxes made once in one batch, reset between episodes."""
     batch = client.create_batch(parallel, progress=True, **spec)
     if batch.failed:
         batch.close_all()
         raise SystemExit(f"batch create: {batch.failed} failed: {batch.errors[0].error}")
+    boxes = batch.sandboxes
     rewards: List[float] = []
+    failed = [0]
     lock = threading.Lock()
 
     def worker(i: int) -> None:
-        sb = batch.sandboxes[i]
         rng = random.Random(i)
         for _ in range(episodes):
-            r = episode(sb, rng)
-            sb.reset()
-            with lock:
-                rewards.append(r)
+            try:
+                r = episode(boxes[i], rng)
+                with lock:
+                    rewards.append(r)
+            except libdsec.DsecError as e:
+                # A trainer loses the episode, not the run.
+                print(f"episode failed: {e}", file=sys.stderr)
+                with lock:
+                    failed[0] += 1
+            try:
+                boxes[i].reset()
+            except libdsec.DsecError:
+                boxes[i].close()
+                boxes[i] = client.create(**spec)
 
     start = time.monotonic()
     try:
@@ -177,27 +188,34 @@ def run_reset(client: libdsec.Client, spec: dict, parallel: int, episodes: int) 
             list(ex.map(worker, range(parallel)))
         wall = time.monotonic() - start
     finally:
-        batch.close_all()
-    return wall, rewards
+        for sb in boxes:
+            sb.close()
+    return wall, rewards, failed[0]
 
 
-def run_create(client: libdsec.Client, spec: dict, parallel: int, episodes: int) -> Tuple[float, List[float]]:
+def run_create(client: libdsec.Client, spec: dict, parallel: int, episodes: int) -> Tuple[float, List[float], int]:
     """A fresh sandbox per episode, destroyed after it."""
     rewards: List[float] = []
+    failed = [0]
     lock = threading.Lock()
 
     def worker(i: int) -> None:
         rng = random.Random(i)
         for _ in range(episodes):
-            with client.create(**spec) as sb:
-                r = episode(sb, rng)
-            with lock:
-                rewards.append(r)
+            try:
+                with client.create(**spec) as sb:
+                    r = episode(sb, rng)
+                with lock:
+                    rewards.append(r)
+            except libdsec.DsecError as e:
+                print(f"episode failed: {e}", file=sys.stderr)
+                with lock:
+                    failed[0] += 1
 
     start = time.monotonic()
     with ThreadPoolExecutor(parallel) as ex:
         list(ex.map(worker, range(parallel)))
-    return time.monotonic() - start, rewards
+    return time.monotonic() - start, rewards, failed[0]
 
 
 def main() -> int:
@@ -214,16 +232,15 @@ def main() -> int:
     ws, tk = upload_layers(client, args.tag)
     spec = dict(layers={"base": args.base, "workspace": ws, "toolkit": tk},
                 resources={"cpu": 0.5, "memory_mb": args.memory}, labels={"example": "rl_rollout"})
-    total = args.parallel * args.episodes
     print(f"rl_rollout: {args.parallel} parallel x {args.episodes} episodes, layers {spec['layers']}")
     rates = {}
     for mode, fn in (("reset", run_reset), ("create", run_create)):
         if args.mode not in ("both", mode):
             continue
-        wall, rewards = fn(client, spec, args.parallel, args.episodes)
-        rates[mode] = total / wall * 60
-        print(f"  {mode:6s}: {total} episodes in {wall:6.1f}s = {rates[mode]:7.1f} episodes/min, "
-              f"mean reward {statistics.mean(rewards):.2f}")
+        wall, rewards, failed = fn(client, spec, args.parallel, args.episodes)
+        rates[mode] = len(rewards) / wall * 60
+        print(f"  {mode:6s}: {len(rewards)} episodes in {wall:6.1f}s = {rates[mode]:7.1f} episodes/min, "
+              f"mean reward {statistics.mean(rewards) if rewards else 0:.2f}, {failed} failed")
     if len(rates) == 2:
         print(f"  reset vs create/destroy: {rates['reset'] / rates['create']:.2f}x episodes/min")
     client.close()

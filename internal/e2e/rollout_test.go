@@ -4,6 +4,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -32,6 +34,16 @@ func TestRolloutExample(t *testing.T) {
 	t.Logf("rl_rollout.py:\n%s", out)
 	if err != nil {
 		t.Fatalf("rl_rollout.py: %v", err)
+	}
+	// A lost episode is reported, not fatal, as in a trainer; more than one
+	// of the eight means something is broken.
+	lost := 0
+	for _, m := range regexp.MustCompile(`, (\d+) failed`).FindAllStringSubmatch(string(out), -1) {
+		n, _ := strconv.Atoi(m[1])
+		lost += n
+	}
+	if lost > 1 {
+		t.Fatalf("%d of 8 episodes failed", lost)
 	}
 	for _, want := range []string{"reset :", "create:", "episodes/min", "mean reward"} {
 		if !strings.Contains(string(out), want) {
