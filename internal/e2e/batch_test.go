@@ -31,6 +31,25 @@ func deleteAll(t *testing.T, c *client.Client) {
 	}
 }
 
+// waitNoPools waits until the tenant's FnCall pools have shrunk away.
+func waitNoPools(t *testing.T, c *client.Client) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		pools, err := c.ListPools(ctxT(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(pools.Pools) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pools still there: %+v", pools.Pools)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
 func liveWithLabel(t *testing.T, c *client.Client, k, v string) []api.Sandbox {
 	t.Helper()
 	list, err := c.ListSandboxes(ctxT(t), client.ListOptions{Labels: map[string]string{k: v}, Limit: 1000})

@@ -12,7 +12,8 @@ import (
 // real server, so that `go test ./...` stays the one entry point.
 func TestPythonSDK(t *testing.T) {
 	testutil.Require(t, testutil.Tool("python3"))
-	s := startServer(t)
+	// Short pool windows, so the pools the suite used are gone soon after.
+	s := startServer(t, "--fncall-window", "1s", "--fncall-idle", "1s")
 	cmd := exec.Command("python3", "-m", "unittest", "discover", "-v", "-s", "sdk/python/tests")
 	cmd.Dir = testutil.RepoRoot()
 	cmd.Env = append(os.Environ(), "DSEC_URL="+s.URL, "DSEC_API_KEY="+s.Key, "PYTHONDONTWRITEBYTECODE=1")
@@ -21,6 +22,7 @@ func TestPythonSDK(t *testing.T) {
 	if err != nil {
 		t.Fatalf("libdsec tests failed: %v", err)
 	}
+	waitNoPools(t, s.Client)
 	deleteAll(t, s.Client)
 	testutil.RequireNoSandboxLeft(t, s)
 }

@@ -356,9 +356,23 @@ func (s *Server) destroy(ctx context.Context, sb store.Sandbox) error {
 	}
 	now := time.Now().UTC()
 	wasLive := sb.API.State != api.StateFailed
-	sb.API.State, sb.DeletedAt = api.StateDeleted, &now
-	if err := s.store.UpdateSandbox(ctx, &sb); err != nil {
-		return err
+	for attempt := 0; ; attempt++ {
+		sb.API.State, sb.DeletedAt = api.StateDeleted, &now
+		err := s.store.UpdateSandbox(ctx, &sb)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, store.ErrConflict) || attempt == 3 {
+			return err
+		}
+		// Someone else updated the record meanwhile (a concurrent delete, a
+		// pool destroying its sandbox): read it again.
+		if sb, err = s.store.GetSandbox(ctx, sb.API.ID); err != nil {
+			return err
+		}
+		if sb.DeletedAt != nil {
+			return nil // they deleted it, and released it
+		}
 	}
 	if wasLive {
 		s.sched.Release(sb.API.Node, sb.API.Resources)
