@@ -28,6 +28,7 @@ const (
 	maxMaxOutput     = 64 << 20
 	// maxExecBody fits the largest stdin the agent takes, base64 and all.
 	maxExecBody = 96 << 20
+	maxTag      = 512
 	defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 	ndjson      = "application/x-ndjson"
 )
@@ -124,6 +125,13 @@ func prepare(req *api.ExecRequest) (*execSpec, error) {
 	if len(spec.stdin) == 0 {
 		spec.stdin = nil
 	}
+	switch {
+	case req.Tag != "" && !req.Background:
+		return nil, errdefs.Invalid("tag is only for background execs")
+	case len(req.Tag) > maxTag || hasNUL(req.Tag):
+		return nil, errdefs.Invalid("tag is longer than %d bytes or has a NUL byte", maxTag)
+	}
+	spec.tag = req.Tag
 	spec.argv0, spec.fail = resolve(argv[0], dir, env)
 	return spec, nil
 }

@@ -75,6 +75,7 @@ type execSpec struct {
 	timeout   time.Duration
 	maxOutput int
 	fail      *startError // set when it cannot start: report it, do not fork
+	tag       string      // of a background process
 }
 
 // stdio are the pipes of a command: the child's ends and ours.

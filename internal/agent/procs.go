@@ -30,6 +30,7 @@ const (
 type proc struct {
 	n              int // its number, in start order
 	id             string
+	tag            string
 	child          *child // nil if it never started
 	started        time.Time
 	stdout, stderr *output
@@ -43,7 +44,7 @@ type proc struct {
 func (p *proc) view() api.Process {
 	out, _ := p.stdout.size()
 	errOut, _ := p.stderr.size()
-	v := api.Process{ID: p.id, StartedAt: p.started, OutputSize: out + errOut}
+	v := api.Process{ID: p.id, StartedAt: p.started, OutputSize: out + errOut, Tag: p.tag}
 	if p.child != nil {
 		v.Pid = p.child.pid
 	}
@@ -131,6 +132,7 @@ func (s *Server) execBackground(w http.ResponseWriter, r *http.Request, spec *ex
 		stderr:  newOutput(spec.maxOutput),
 		started: time.Now(),
 		done:    make(chan struct{}),
+		tag:     spec.tag,
 	}
 	c, err := s.start(spec, p.stdout, p.stderr)
 	var se *startError

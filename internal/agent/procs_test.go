@@ -1,6 +1,7 @@
 package agent_test
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/agent"
+	"github.com/dsec-project/dsec/internal/errdefs"
 	"github.com/dsec-project/dsec/internal/testutil"
 )
 
@@ -147,6 +149,23 @@ func TestBackground(t *testing.T) {
 		}
 		if got, _, _, _ := a.output(t, p.ID, "stream=stderr"); !strings.Contains(got, "command not found") {
 			t.Errorf("stderr %q", got)
+		}
+	})
+	t.Run("tag", func(t *testing.T) {
+		p := a.startBackground(t, api.ExecRequest{Shell: "true", Tag: "trajectory:x/1"})
+		if p.Tag != "trajectory:x/1" {
+			t.Fatalf("started process %+v", p)
+		}
+		if got := a.process(t, "/procs/"+p.ID); got.Tag != p.Tag {
+			t.Fatalf("read back %+v", got)
+		}
+		for name, req := range map[string]api.ExecRequest{
+			"not background": {Shell: "true", Tag: "x"},
+			"too long":       {Shell: "true", Tag: strings.Repeat("x", 513), Background: true},
+		} {
+			if _, err := a.Exec(t.Context(), &req); !errors.Is(err, errdefs.ErrInvalid) {
+				t.Errorf("%s: got %v, want invalid", name, err)
+			}
 		}
 	})
 	t.Run("timeout", func(t *testing.T) {
