@@ -96,6 +96,8 @@ func serverCmd(ctx context.Context, args []string) error {
 	listen := fs.String("listen", "127.0.0.1:7070", "API address")
 	data := fs.String("data", defaultDataDir(), "data directory")
 	busybox := fs.String("busybox", "/bin/busybox", "static busybox for the default base layer base:minimal (\"\" to skip)")
+	idle := fs.Duration("idle-timeout", 0, "destroy sandboxes idle this long unless their create sets idle_timeout_seconds (0: never)")
+	retention := fs.Duration("trajectory-retention", 7*24*time.Hour, "keep a trajectory this long after its newest step")
 	var nf nodeFlags
 	nf.register(fs)
 	if err := fs.Parse(args); err != nil {
@@ -144,8 +146,12 @@ func serverCmd(ctx context.Context, args []string) error {
 	go edgeSrv.Serve(el)
 	defer edgeSrv.Close()
 
+	if *idle < 0 || *retention <= 0 {
+		return errors.New("--idle-timeout must not be negative and --trajectory-retention must be positive")
+	}
 	srv := server.New(server.Config{
 		Store: st, Layers: layers, TmpDir: filepath.Join(dataDir, "tmp"), Logger: log,
+		DefaultIdleTimeout: idle.Truncate(time.Second), TrajectoryRetention: *retention,
 	})
 	if err := srv.AddNode(ctx, "unix://"+edgeSock, ""); err != nil {
 		return err

@@ -96,6 +96,9 @@ func (s *Server) validate(ctx context.Context, tenant string, req api.CreateSand
 	if req.TTLSeconds > int64(s.cfg.MaxTTL/time.Second) {
 		return plan{}, errdefs.Invalid("ttl_seconds over the maximum of %d", int64(s.cfg.MaxTTL.Seconds()))
 	}
+	if req.IdleTimeoutSeconds < 0 || req.IdleTimeoutSeconds > int64(s.cfg.MaxTTL/time.Second) {
+		return plan{}, errdefs.Invalid("idle_timeout_seconds must be between 0 and %d", int64(s.cfg.MaxTTL.Seconds()))
+	}
 	if len(req.Labels) > 64 {
 		return plan{}, errdefs.Invalid("at most 64 labels")
 	}
@@ -155,11 +158,16 @@ func (s *Server) create(ctx context.Context, tenant string, p plan) (store.Sandb
 		ttl = s.cfg.DefaultTTL
 	}
 	expires := now.Add(ttl)
+	idle := req.IdleTimeoutSeconds
+	if idle == 0 {
+		idle = int64(s.cfg.DefaultIdleTimeout / time.Second)
+	}
 	sb := store.Sandbox{
 		API: api.Sandbox{
 			ID: "sb-" + randomID(10), Backend: req.Backend, State: api.StateCreating, Node: nodeID,
 			Layers: *req.Layers, Resources: req.Resources, Network: *req.Network, Phase: req.Phase,
 			Labels: req.Labels, Env: req.Env, CreatedAt: now, ExpiresAt: &expires,
+			TTLSeconds: int64(ttl / time.Second), IdleTimeoutSeconds: idle,
 		},
 		Tenant: tenant, LayerDigests: p.digests, LastActive: now,
 	}
@@ -219,7 +227,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 		s.destroy(ctx, sb)
 		return r.Context().Err()
 	}
-	httpapi.WriteJSON(w, http.StatusCreated, sb.API)
+	httpapi.WriteJSON(w, http.StatusCreated, s.view(sb))
 	return nil
 }
 
@@ -255,7 +263,7 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	httpapi.WriteJSON(w, http.StatusOK, sb.API)
+	httpapi.WriteJSON(w, http.StatusOK, s.view(sb))
 	return nil
 }
 
@@ -292,7 +300,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 	}
 	out := api.SandboxList{Sandboxes: make([]api.Sandbox, 0, len(list)), NextPageToken: next}
 	for _, sb := range list {
-		out.Sandboxes = append(out.Sandboxes, sb.API)
+		out.Sandboxes = append(out.Sandboxes, s.view(sb))
 	}
 	httpapi.WriteJSON(w, http.StatusOK, out)
 	return nil
@@ -311,7 +319,8 @@ func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) error {
 }
 
 // destroy removes a sandbox from its node and marks its record deleted. It
-// is idempotent.
+// is idempotent. Once the node has destroyed it the record says deleted,
+// whatever changed it meanwhile (a renew racing the reaper).
 func (s *Server) destroy(ctx context.Context, sb store.Sandbox) error {
 	if sb.DeletedAt != nil {
 		return nil
@@ -326,39 +335,61 @@ func (s *Server) destroy(ctx context.Context, sb store.Sandbox) error {
 		}
 	}
 	now := time.Now().UTC()
-	wasLive := sb.API.State != api.StateFailed
-	sb.API.State, sb.DeletedAt = api.StateDeleted, &now
-	if err := s.store.UpdateSandbox(ctx, &sb); err != nil {
-		return err
+	why := sb.API.Error
+	for {
+		wasLive := sb.API.State != api.StateFailed
+		sb.API.State, sb.DeletedAt = api.StateDeleted, &now
+		err := s.store.UpdateSandbox(ctx, &sb)
+		if errors.Is(err, store.ErrConflict) {
+			if sb, err = s.store.GetSandbox(ctx, sb.API.ID); err != nil {
+				return err
+			}
+			if sb.DeletedAt != nil {
+				return nil // someone else recorded it
+			}
+			if why != "" {
+				sb.API.Error = why
+			}
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if wasLive {
+			s.sched.Release(sb.API.Node, sb.API.Resources)
+		}
+		s.forget(sb.API.ID)
+		return nil
 	}
-	if wasLive {
-		s.sched.Release(sb.API.Node, sb.API.Resources)
-	}
-	s.activeMu.Lock()
-	delete(s.active, sb.API.ID)
-	s.activeMu.Unlock()
-	return nil
 }
 
 func (s *Server) resetSandbox(w http.ResponseWriter, r *http.Request) error {
 	return s.lifecycle(w, r, []string{api.StateRunning, api.StatePaused}, api.StateRunning,
-		func(ctx context.Context, c *edge.Client, id string) error { return c.Reset(ctx, id) })
+		func(ctx context.Context, c *edge.Client, sb *store.Sandbox) error {
+			// Bump first: if the reset fails half-way, the state is gone all
+			// the same, and trajectory steps must not replay over it.
+			sb.Generation++
+			if err := s.store.UpdateSandbox(ctx, sb); err != nil {
+				return err
+			}
+			return c.Reset(ctx, sb.API.ID)
+		})
 }
 
 func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) error {
 	return s.lifecycle(w, r, []string{api.StateRunning}, api.StatePaused,
-		func(ctx context.Context, c *edge.Client, id string) error { return c.Pause(ctx, id) })
+		func(ctx context.Context, c *edge.Client, sb *store.Sandbox) error { return c.Pause(ctx, sb.API.ID) })
 }
 
 func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) error {
 	return s.lifecycle(w, r, []string{api.StatePaused}, api.StateRunning,
-		func(ctx context.Context, c *edge.Client, id string) error { return c.Resume(ctx, id) })
+		func(ctx context.Context, c *edge.Client, sb *store.Sandbox) error { return c.Resume(ctx, sb.API.ID) })
 }
 
 // lifecycle runs an operation on a sandbox in one of the states from, on
 // its node, and records the state it leaves the sandbox in.
 func (s *Server) lifecycle(w http.ResponseWriter, r *http.Request, from []string, after string,
-	op func(context.Context, *edge.Client, string) error) error {
+	op func(context.Context, *edge.Client, *store.Sandbox) error) error {
 	sb, err := s.sandboxFor(r.Context(), r.PathValue("id"))
 	if err != nil {
 		return err
@@ -375,7 +406,7 @@ func (s *Server) lifecycle(w http.ResponseWriter, r *http.Request, from []string
 	if err != nil {
 		return err
 	}
-	if err := op(ctx, n.client, sb.API.ID); err != nil {
+	if err := op(ctx, n.client, &sb); err != nil {
 		return err
 	}
 	sb.API.State = after
@@ -383,31 +414,9 @@ func (s *Server) lifecycle(w http.ResponseWriter, r *http.Request, from []string
 	if err := s.store.UpdateSandbox(ctx, &sb); err != nil {
 		return err
 	}
-	httpapi.WriteJSON(w, http.StatusOK, sb.API)
+	s.touch(ctx, sb)
+	httpapi.WriteJSON(w, http.StatusOK, s.view(sb))
 	return nil
-}
-
-// reapExpired destroys sandboxes whose TTL has passed.
-func (s *Server) reapExpired(ctx context.Context) {
-	now := time.Now().UTC()
-	list, _, err := s.store.ListSandboxes(ctx, store.SandboxFilter{
-		AllTenants: true, ExpiredBy: &now, Limit: 1000,
-		States: []string{api.StateCreating, api.StateRunning, api.StatePaused, api.StateLost},
-	})
-	if err != nil {
-		s.log.Warn("reap: list expired", "err", err)
-		return
-	}
-	for _, sb := range list {
-		if sb.API.State == api.StateCreating && now.Sub(sb.API.CreatedAt) < createTimeout {
-			continue // its create is still in flight
-		}
-		if err := s.destroy(ctx, sb); err != nil {
-			s.log.Warn("reap: destroy expired sandbox", "sandbox", sb.API.ID, "err", err)
-			continue
-		}
-		s.log.Info("reaped expired sandbox", "sandbox", sb.API.ID, "tenant", sb.Tenant)
-	}
 }
 
 // reconcile makes the records of a node's sandboxes agree with what the

@@ -17,7 +17,6 @@ import (
 	"net/url"
 	"runtime/debug"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -44,8 +43,15 @@ type Config struct {
 	MaxLayerBytes int64
 	// Defaults fill the resources a create leaves out.
 	Defaults api.Resources
-	// DefaultTTL applies when a create gives no ttl_seconds; MaxTTL bounds it.
+	// DefaultTTL applies when a create gives no ttl_seconds; MaxTTL bounds it
+	// and every renew.
 	DefaultTTL, MaxTTL time.Duration
+	// DefaultIdleTimeout applies when a create gives no
+	// idle_timeout_seconds; zero means sandboxes are not reaped for idling.
+	DefaultIdleTimeout time.Duration
+	// TrajectoryRetention is how long a trajectory is kept after its
+	// newest step started; 7 days by default.
+	TrajectoryRetention time.Duration
 	// ReapInterval is how often expired sandboxes are looked for.
 	ReapInterval time.Duration
 	Logger       *slog.Logger
@@ -61,9 +67,8 @@ type Server struct {
 	metrics *metrics
 	nodes   *registry
 
-	// active throttles LastActive updates: sandbox id → last write.
-	activeMu sync.Mutex
-	active   map[string]time.Time
+	acts    *activity
+	steps   *steps
 }
 
 // New returns a control plane over cfg.Store.
@@ -83,6 +88,9 @@ func New(cfg Config) *Server {
 	if cfg.ReapInterval == 0 {
 		cfg.ReapInterval = time.Second
 	}
+	if cfg.TrajectoryRetention == 0 {
+		cfg.TrajectoryRetention = 7 * 24 * time.Hour
+	}
 	if cfg.MaxLayerBytes == 0 {
 		cfg.MaxLayerBytes = 16 << 30
 	}
@@ -97,7 +105,8 @@ func New(cfg Config) *Server {
 		log:     cfg.Logger,
 		metrics: newMetrics(),
 		nodes:   newRegistry(),
-		active:  map[string]time.Time{},
+		acts:    newActivity(),
+		steps:   newSteps(),
 	}
 	s.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "dsec_sandboxes_live", Help: "Sandboxes placed on nodes.",
@@ -111,22 +120,38 @@ func New(cfg Config) *Server {
 	return s
 }
 
-// Run reaps expired sandboxes until ctx ends.
+// Run reaps expired and idle sandboxes, keeps the activity of busy ones
+// current in the store, and purges old records and trajectories, until
+// ctx ends.
 func (s *Server) Run(ctx context.Context) {
 	tick := time.NewTicker(s.cfg.ReapInterval)
 	defer tick.Stop()
-	lastPurge := time.Now()
+	// Trajectories are purged at a tenth of their retention, at most
+	// hourly, so a short retention (in tests) is honoured promptly.
+	gcEvery := min(max(s.cfg.TrajectoryRetention/10, s.cfg.ReapInterval), time.Hour)
+	lastPurge, lastGC := time.Now(), time.Now()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
 		}
-		s.reapExpired(ctx)
+		s.reap(ctx)
+		s.touchBusy(ctx)
 		if time.Since(lastPurge) > time.Hour {
 			lastPurge = time.Now()
 			if n, err := s.store.PurgeSandboxes(ctx, time.Now().Add(-24*time.Hour)); err == nil && n > 0 {
 				s.log.Info("purged records of deleted sandboxes", "count", n)
+			}
+		}
+		if time.Since(lastGC) >= gcEvery {
+			lastGC = time.Now()
+			n, err := s.store.PurgeTrajectories(ctx, time.Now().Add(-s.cfg.TrajectoryRetention))
+			switch {
+			case err != nil:
+				s.log.Warn("purge trajectories", "err", err)
+			case n > 0:
+				s.log.Info("purged old trajectory steps", "count", n)
 			}
 		}
 	}
@@ -155,6 +180,9 @@ func (s *Server) Handler() http.Handler {
 	authed("POST /v1/sandboxes/{id}/reset", s.resetSandbox)
 	authed("POST /v1/sandboxes/{id}/pause", s.pauseSandbox)
 	authed("POST /v1/sandboxes/{id}/resume", s.resumeSandbox)
+	authed("POST /v1/sandboxes/{id}/renew", s.renewSandbox)
+	authed("GET /v1/trajectories/{id...}", s.getTrajectory)
+	authed("DELETE /v1/trajectories/{id...}", s.deleteTrajectory)
 
 	authed("POST /v1/layers", s.createLayer)
 	authed("GET /v1/layers", s.listLayers)
