@@ -28,6 +28,9 @@ import (
 //   - deletes runc containers that have no sandbox directory,
 //   - unmounts layers no sandbox uses and removes stale runtime layers.
 func (b *Backend) Recover(ctx context.Context) ([]backend.Spec, error) {
+	if b.runc.waitStray(ctx, 30*time.Second) {
+		b.log.Info("recover: waited for runc commands the previous edge left running")
+	}
 	entries, err := os.ReadDir(filepath.Join(b.cfg.Root, "sandboxes"))
 	if err != nil {
 		return nil, fmt.Errorf("recover: %w", err)
