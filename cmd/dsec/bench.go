@@ -12,7 +12,7 @@ import (
 
 func benchCmd(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return errors.New("usage: dsec bench create [flags]")
+		return errors.New("usage: dsec bench create|trajectory [flags]")
 	}
 	sub, args := args[0], args[1:]
 	fs := flag.NewFlagSet("dsec bench "+sub, flag.ContinueOnError)
@@ -33,6 +33,16 @@ func benchCmd(ctx context.Context, args []string) error {
 		}
 		cfg.Client = newClient()
 		return bench.Create(ctx, cfg)
+	case "trajectory":
+		cfg := bench.TrajectoryConfig{Out: os.Stdout}
+		fs.StringVar(&cfg.Base, "base", "base:minimal", "base layer")
+		fs.IntVar(&cfg.Steps, "steps", 200, "steps per measure")
+		fs.IntVar(&cfg.Concurrency, "concurrency", 16, "trainers at a time in the throughput measure")
+		if _, _, err := parseArgs(fs, args); err != nil {
+			return err
+		}
+		cfg.Client = newClient()
+		return bench.Trajectory(ctx, cfg)
 	}
 	return fmt.Errorf("unknown benchmark %q", sub)
 }

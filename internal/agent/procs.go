@@ -200,10 +200,16 @@ func (s *Server) handleDeleteProc(w http.ResponseWriter, r *http.Request) {
 }
 
 // handleWait blocks until the process exits, timeout_ms passes (if given)
-// or the client goes away.
+// or the client goes away. With output=1, the result of an exited process
+// carries what the rings still hold of its stdout and stderr.
 func (s *Server) handleWait(w http.ResponseWriter, r *http.Request) {
 	p := s.proc(w, r)
 	if p == nil {
+		return
+	}
+	withOutput, err := queryBool(r, "output")
+	if err != nil {
+		s.writeError(w, r, err)
 		return
 	}
 	var expired <-chan time.Time
@@ -224,6 +230,13 @@ func (s *Server) handleWait(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	v := p.view()
+	if withOutput && v.Result != nil {
+		res := *v.Result
+		out, _ := p.stdout.read(0, nil)
+		errOut, _ := p.stderr.read(0, nil)
+		setOutput(&res, out, errOut)
+		v.Result = &res
+	}
 	writeJSON(w, http.StatusOK, &v)
 }
 

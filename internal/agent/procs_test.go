@@ -151,6 +151,25 @@ func TestBackground(t *testing.T) {
 			t.Errorf("stderr %q", got)
 		}
 	})
+	t.Run("wait with output", func(t *testing.T) {
+		p := a.startBackground(t, api.ExecRequest{Shell: "echo outt; printf 'e\\377' >&2; exit 5", MaxOutputBytes: 4})
+		done := a.process(t, "/procs/"+p.ID+"/wait?output=1")
+		r := done.Result
+		if r == nil || r.ExitCode != 5 || r.Encoding != api.EncodingBase64 || !r.Truncated || r.StdoutDropped != 1 {
+			t.Fatalf("result %+v", r)
+		}
+		if out, _ := r.StdoutBytes(); string(out) != "utt\n" { // the last 4 bytes
+			t.Errorf("stdout %q", out)
+		}
+		if errOut, _ := r.StderrBytes(); string(errOut) != "e\xff" {
+			t.Errorf("stderr %q", errOut)
+		}
+		if plain := a.process(t, "/procs/"+p.ID+"/wait"); plain.Result.Stdout != "" {
+			t.Errorf("wait without output=1 sent output: %+v", plain.Result)
+		}
+		resp, body := a.do("GET", "/procs/"+p.ID+"/wait?output=maybe", nil)
+		wantError(t, resp, body, api.CodeInvalid)
+	})
 	t.Run("tag", func(t *testing.T) {
 		p := a.startBackground(t, api.ExecRequest{Shell: "true", Tag: "trajectory:x/1"})
 		if p.Tag != "trajectory:x/1" {

@@ -95,7 +95,8 @@ func (s *Server) follow(ctx context.Context, n *node, id, pid, stream string, li
 // any, have sent everything) and returns its result with its output.
 func (s *Server) collect(ctx context.Context, n *node, id, pid string, followers *sync.WaitGroup) (*api.ExecResult, error) {
 	var p api.Process
-	if err := n.client.AgentJSON(ctx, id, http.MethodGet, "/procs/"+pid+"/wait", nil, nil, &p); err != nil {
+	q := url.Values{"output": {"1"}}
+	if err := n.client.AgentJSON(ctx, id, http.MethodGet, "/procs/"+pid+"/wait", q, nil, &p); err != nil {
 		return nil, fmt.Errorf("wait for process %s of %s: %w", pid, id, err)
 	}
 	if p.Result == nil {
@@ -105,6 +106,12 @@ func (s *Server) collect(ctx context.Context, n *node, id, pid string, followers
 		followers.Wait()
 	}
 	res := *p.Result
+	res.Process, res.Replayed = nil, false
+	if res.Stdout != "" || res.Stderr != "" || p.OutputSize == 0 {
+		return &res, nil
+	}
+	// An agent older than wait?output=1 (a sandbox started before an
+	// upgrade keeps its agent) sends no output with the result.
 	var outs [2][]byte
 	for i, stream := range []string{"stdout", "stderr"} {
 		resp, err := n.client.AgentGet(ctx, id, "/procs/"+pid+"/output", url.Values{"stream": {stream}})
@@ -124,7 +131,6 @@ func (s *Server) collect(ctx context.Context, n *node, id, pid string, followers
 		res.Stderr = base64.StdEncoding.EncodeToString(outs[1])
 		res.Encoding = api.EncodingBase64
 	}
-	res.Process, res.Replayed = nil, false
 	return &res, nil
 }
 

@@ -243,9 +243,13 @@ func (s *Server) finishStep(ctx context.Context, n *node, st store.Step, pid str
 	case err != nil:
 		return fmt.Errorf("record trajectory %s step %d: %w", st.Trajectory, st.Step, err)
 	}
-	if err := n.client.AgentJSON(ctx, st.Sandbox, http.MethodDelete, "/procs/"+pid, nil, nil, nil); err != nil {
-		s.log.Debug("forget step process", "sandbox", st.Sandbox, "process", pid, "err", err)
-	}
+	go func() { // after the answer: nothing waits on it
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		if err := n.client.AgentJSON(ctx, st.Sandbox, http.MethodDelete, "/procs/"+pid, nil, nil, nil); err != nil {
+			s.log.Debug("forget step process", "sandbox", st.Sandbox, "process", pid, "err", err)
+		}
+	}()
 	return nil
 }
 
