@@ -29,7 +29,9 @@ type trainerStep struct {
 	Stdout   string `json:"stdout"`
 }
 
-func stepCmd(i int64) string { return fmt.Sprintf("sleep 0.2; echo step %d >> /work/log; echo did %d", i, i) }
+func stepCmd(i int64) string {
+	return fmt.Sprintf("sleep 0.2; echo step %d >> /work/log; echo did %d", i, i)
+}
 
 // TestHelperTrainer is the trainer process; as a test it does nothing.
 func TestHelperTrainer(t *testing.T) {

@@ -67,8 +67,8 @@ type Server struct {
 	metrics *metrics
 	nodes   *registry
 
-	acts    *activity
-	steps   *steps
+	acts  *activity
+	steps *steps
 }
 
 // New returns a control plane over cfg.Store.
