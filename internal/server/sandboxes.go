@@ -457,6 +457,7 @@ func (s *Server) reconcile(ctx context.Context, nodeID string, c *edge.Client) e
 		if err := s.store.UpdateSandbox(ctx, &sb); err != nil {
 			return err
 		}
+		s.forget(sb.API.ID)
 		s.log.Warn("reconcile: sandbox missing on its node", "sandbox", sb.API.ID, "node", nodeID)
 	}
 	for id := range onNode {

@@ -295,6 +295,7 @@ type metrics struct {
 	latency   *prometheus.HistogramVec
 	creates   *prometheus.CounterVec
 	createDur prometheus.Histogram
+	steps     *prometheus.CounterVec
 }
 
 func newMetrics() *metrics {
@@ -317,6 +318,9 @@ func newMetrics() *metrics {
 			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
 		}),
 	}
-	reg.MustRegister(m.requests, m.latency, m.creates, m.createDur)
+	m.steps = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "dsec_trajectory_steps_total", Help: "Trajectory steps by what was done: run, rerun, diverge, replay, settle.",
+	}, []string{"action"})
+	reg.MustRegister(m.requests, m.latency, m.creates, m.createDur, m.steps)
 	return m
 }

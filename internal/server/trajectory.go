@@ -157,7 +157,9 @@ func (s *Server) step(ctx context.Context, sb store.Sandbox, n *node, req *api.E
 			unlock()
 			return nil, err
 		}
-		switch act := trajectory.Decide(rec, fp, here); act {
+		act := trajectory.Decide(rec, fp, here)
+		s.metrics.steps.WithLabelValues(act.String()).Inc()
+		switch act {
 		case trajectory.Replay:
 			unlock()
 			res := *rec.Result
