@@ -1,8 +1,10 @@
 // Package server is the control plane: the public HTTP API under /v1, API
 // key authentication and tenant scoping, the sandbox and layer registry (in
 // a store.Store), placement through the scheduler, and the calls to the
-// edges that build and run sandboxes. It reaps expired sandboxes and, on
-// start, reconciles its records with what the nodes really run.
+// edges that build and run sandboxes. It keeps sandboxes' leases (renew,
+// idle timeout) and reaps those that ran out, runs execs that are steps of
+// a trajectory and keeps their log, and, on start, reconciles its records
+// with what the nodes really run.
 //
 // The server must never run sandbox code or mount anything itself, and a
 // tenant must never learn that another tenant's sandbox or layer exists:
