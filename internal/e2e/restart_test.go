@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -209,4 +210,47 @@ func TestServerCrashDuringCreates(t *testing.T) {
 		}
 	}
 	testutil.RequireNoSandboxLeft(t, s)
+}
+
+// TestServerRestartRepairs breaks sandboxes while the server is down — one
+// paused and then its init killed (as a host reboot would), one whose init
+// is killed, one whose agent socket is deleted — and checks that after the
+// restart all three run again with their files, and their records say so.
+func TestServerRestartRepairs(t *testing.T) {
+	s := startServer(t)
+	c := s.Client
+	ctx := ctxT(t)
+	boxes := map[string]*api.Sandbox{}
+	for _, name := range []string{"paused", "deadinit", "nosocket"} {
+		sb := newSandbox(t, c, nil)
+		sh(t, c, sb.ID, "echo "+name+" > /kept")
+		boxes[name] = sb
+	}
+	if _, err := c.Pause(ctx, boxes["paused"].ID); err != nil {
+		t.Fatal(err)
+	}
+	s.Kill()
+	runcRoot := filepath.Join(s.DataDir, "edge", "container", "runc")
+	for _, name := range []string{"paused", "deadinit"} {
+		if out, err := exec.Command("runc", "--root", runcRoot, "kill", boxes[name].ID, "KILL").CombinedOutput(); err != nil {
+			t.Fatalf("runc kill: %v %s", err, out)
+		}
+	}
+	if err := os.Remove(filepath.Join(s.DataDir, "edge", "container", "sandboxes", boxes["nosocket"].ID, "agent.sock")); err != nil {
+		t.Fatal(err)
+	}
+	s.Restart()
+	c = s.Client
+	for name, sb := range boxes {
+		got, err := c.GetSandbox(ctx, sb.ID)
+		if err != nil || got.State != api.StateRunning {
+			t.Fatalf("%s after the restart: %+v %v", name, got, err)
+		}
+		if out := sh(t, c, sb.ID, "cat /kept"); out != name+"\n" {
+			t.Fatalf("%s lost its files: %q", name, out)
+		}
+	}
+	if got := runcContainers(t, s); len(got) != len(boxes) {
+		t.Fatalf("runc runs %v", got)
+	}
 }

@@ -419,6 +419,12 @@ func (s *Server) lifecycle(w http.ResponseWriter, r *http.Request, from []string
 	return nil
 }
 
+// runsOn reports whether the node runs the sandbox unpaused.
+func runsOn(ctx context.Context, c *edge.Client, id string) bool {
+	st, err := c.Get(ctx, id)
+	return err == nil && st.State == api.StateRunning
+}
+
 // reconcile makes the records of a node's sandboxes agree with what the
 // node runs: live records of sandboxes the node lost become failed,
 // in-flight creates the node completed become running, and sandboxes the
@@ -443,7 +449,10 @@ func (s *Server) reconcile(ctx context.Context, nodeID string, c *edge.Client) e
 	for _, sb := range records {
 		if onNode[sb.API.ID] {
 			live[sb.API.ID] = true
-			if sb.API.State == api.StateCreating {
+			// A create the node finished is running; so is a paused
+			// sandbox the node had to start again (its host rebooted), or
+			// resume would fail on it.
+			if sb.API.State == api.StateCreating || (sb.API.State == api.StatePaused && runsOn(ctx, c, sb.API.ID)) {
 				sb.API.State = api.StateRunning
 				if err := s.store.UpdateSandbox(ctx, &sb); err != nil {
 					return err

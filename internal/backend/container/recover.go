@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -17,6 +18,9 @@ import (
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/mount"
 )
+
+// repairWorkers is how many broken sandboxes Recover restarts at once.
+const repairWorkers = 8
 
 // Recover implements backend.Backend. After an edge restart it:
 //   - removes sandboxes whose create never finished (no sandbox.json),
@@ -93,15 +97,30 @@ func (b *Backend) Recover(ctx context.Context) ([]backend.Spec, error) {
 		}
 		b.log.Info("recover: mounted a missing layer again", "layer", l.Digest)
 	}
+	// After a host reboot every sandbox is broken: restart them a few at a
+	// time, not one by one.
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		workers = make(chan struct{}, repairWorkers)
+	)
 	for _, rec := range broken {
-		if err := b.repair(ctx, rec); err != nil {
-			b.log.Error("recover: cannot restart sandbox; removing it", "sandbox", rec.Spec.ID, "err", err)
-			b.teardown(ctx, rec.Spec.ID, rec)
-			continue
-		}
-		b.log.Info("recover: restarted sandbox over its kept files", "sandbox", rec.Spec.ID)
-		specs = append(specs, rec.Spec)
+		wg.Add(1)
+		workers <- struct{}{}
+		go func() {
+			defer func() { <-workers; wg.Done() }()
+			if err := b.repair(ctx, rec); err != nil {
+				b.log.Error("recover: cannot restart sandbox; removing it", "sandbox", rec.Spec.ID, "err", err)
+				b.teardown(ctx, rec.Spec.ID, rec)
+				return
+			}
+			b.log.Info("recover: restarted sandbox over its kept files", "sandbox", rec.Spec.ID)
+			mu.Lock()
+			specs = append(specs, rec.Spec)
+			mu.Unlock()
+		}()
 	}
+	wg.Wait()
 
 	if ids, err := b.runc.list(ctx); err == nil {
 		for _, id := range ids {
