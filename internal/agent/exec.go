@@ -92,6 +92,11 @@ func prepare(req *api.ExecRequest) (*execSpec, error) {
 // parse checks a request and turns it into a spec without its
 // environment and executable, which depend on the sandbox.
 func parse(req *api.ExecRequest) (*execSpec, error) {
+	if req.Trajectory != nil {
+		// The control plane records trajectory steps and hands the agent
+		// plain execs: one that reaches here unrecorded must not run.
+		return nil, errdefs.Invalid("an exec with a trajectory must go through the control plane")
+	}
 	var argv []string
 	switch {
 	case len(req.Cmd) > 0 && req.Shell != "":

@@ -181,6 +181,7 @@ func TestBackground(t *testing.T) {
 		for name, req := range map[string]api.ExecRequest{
 			"not background": {Shell: "true", Tag: "x"},
 			"too long":       {Shell: "true", Tag: strings.Repeat("x", 513), Background: true},
+			"trajectory":     {Shell: "true", Trajectory: &api.Trajectory{ID: "x"}},
 		} {
 			if _, err := a.Exec(t.Context(), &req); !errors.Is(err, errdefs.ErrInvalid) {
 				t.Errorf("%s: got %v, want invalid", name, err)

@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"net/http"
 	"strings"
 	"testing"
@@ -147,6 +148,29 @@ func TestTrajectoryRules(t *testing.T) {
 			t.Fatalf("unknown field: %v %v", resp.Status, err)
 		}
 		resp.Body.Close()
+	})
+	t.Run("a large body, the trajectory after the stdin", func(t *testing.T) {
+		stdin := strings.Repeat("0123456789abcdef", 200<<10) // 3.2 MiB
+		body := `{"shell": "wc -c; echo x >> /big", "stdin": "` + stdin + `", "trajectory": {"id": "big", "step": 1}}`
+		for i, want := range []bool{false, true} {
+			resp, err := http.DefaultClient.Do(authed(t, s.Key, "POST", s.URL+"/v1/sandboxes/"+a.ID+"/exec", body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var res api.ExecResult
+			err = json.NewDecoder(resp.Body).Decode(&res)
+			resp.Body.Close()
+			if err != nil || resp.StatusCode != http.StatusOK || res.Replayed != want || strings.TrimSpace(res.Stdout) != "3276800" {
+				t.Fatalf("run %d: %s %+v %v", i, resp.Status, res, err)
+			}
+		}
+		if n := sh(t, c, a.ID, "wc -l < /big"); strings.TrimSpace(n) != "1" {
+			t.Fatalf("the large step ran %s times", n)
+		}
+		plain, err := c.Exec(ctx, a.ID, &api.ExecRequest{Shell: "wc -c", Stdin: stdin})
+		if err != nil || strings.TrimSpace(plain.Stdout) != "3276800" {
+			t.Fatalf("large plain exec: %+v %v", plain, err)
+		}
 	})
 	t.Run("delete from a step", func(t *testing.T) {
 		for i := int64(1); i <= 3; i++ {

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"mime"
 	"net/http"
@@ -14,35 +13,33 @@ import (
 	"github.com/dsec-project/dsec/internal/errdefs"
 )
 
-// maxExecBody bounds an exec body: the largest stdin the agent takes,
-// base64 and all.
-const maxExecBody = 96 << 20
-
 // exec runs a command in a sandbox. Without a trajectory the request goes
 // through to the sandbox's agent on its node, and the result (JSON or an
 // NDJSON stream) comes back as the agent writes it. With a trajectory the
 // control plane runs it as a step of the trajectory log (execStep).
 func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
-	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, maxExecBody))
+	body, err := readExecBody(r, s.cfg.TmpDir)
 	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return fmt.Errorf("exec body over %d bytes: %w", maxExecBody, errdefs.ErrTooLarge)
-		}
-		return errdefs.Invalid("read exec body: %v", err)
+		return err
 	}
+	defer body.close()
 	// Only a body that may name a trajectory (perhaps with escapes) is
-	// decoded here; the agent validates the others.
-	if bytes.Contains(body, []byte("trajectory")) || bytes.Contains(body, []byte(`\u`)) {
+	// decoded here; the agent validates the others, and refuses one that
+	// names a trajectory.
+	if body.contains("trajectory", `\u`) {
+		b, err := body.all()
+		if err != nil {
+			return errdefs.Invalid("read exec body: %v", err)
+		}
 		var req api.ExecRequest
-		if err := decodeStrict(body, &req); err != nil {
+		if err := decodeStrict(b, &req); err != nil {
 			return err
 		}
 		if req.Trajectory != nil {
 			return s.execStep(w, r, &req)
 		}
 	}
-	r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+	r.Body, r.ContentLength = body.reader(), body.size
 	return s.toAgent(w, r, "/exec")
 }
 
