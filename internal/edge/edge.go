@@ -286,7 +286,11 @@ func (e *Edge) Agent(id string) (*agent.Client, error) {
 
 // LocalLayers finds layer images in a layer.LocalStore on this node's disk:
 // the all-in-one server's store, or a store shared over a POSIX mount.
-type LocalLayers struct{ Store interface{ Path(digest string) (string, error) } }
+type LocalLayers struct {
+	Store interface {
+		Path(digest string) (string, error)
+	}
+}
 
 // Fetch implements Layers.
 func (l LocalLayers) Fetch(_ context.Context, digest string) (string, error) {

@@ -65,7 +65,7 @@ type Server struct {
 	// CgroupParent is the server's own cgroup parent, so that leak checks
 	// see only its sandboxes.
 	CgroupParent string
-	Client  *client.Client // with the admin key
+	Client       *client.Client // with the admin key
 
 	t    testing.TB
 	args []string
