@@ -57,6 +57,15 @@ func (b *Backend) Recover(ctx context.Context) ([]backend.Spec, error) {
 			continue
 		}
 		b.removeTrash(id)
+		if rec.UIDs.Base == 0 { // made before sandboxes had id ranges
+			if rec.UIDs, err = b.allocUIDs(id); err != nil {
+				return nil, fmt.Errorf("recover %s: %w", id, err)
+			}
+		} else {
+			b.mu.Lock()
+			b.uids[rec.UIDs.Base] = id
+			b.mu.Unlock()
+		}
 		st, err := b.runc.state(ctx, id)
 		switch {
 		case err == nil && st.Status == "paused":

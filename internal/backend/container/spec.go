@@ -10,6 +10,7 @@ import (
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/backend"
+	"github.com/dsec-project/dsec/internal/idmap"
 )
 
 // agentPath is where the agent binary appears inside every sandbox, from
@@ -42,7 +43,7 @@ const ociVersion = "1.0.2"
 const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 // ociSpec is the runtime spec of a sandbox's container.
-func ociSpec(sb backend.Spec, rootfs, cgroupsPath string, args []string) (*specs.Spec, error) {
+func ociSpec(sb backend.Spec, ids idmap.Range, rootfs, cgroupsPath string, args []string) (*specs.Spec, error) {
 	env := map[string]string{"PATH": defaultPath, "HOME": "/root", "TERM": "xterm", "DSEC_SANDBOX_ID": sb.ID}
 	maps.Copy(env, sb.Env)
 	envList := make([]string, 0, len(env))
@@ -83,7 +84,11 @@ func ociSpec(sb backend.Spec, rootfs, cgroupsPath string, args []string) (*specs
 			Namespaces: []specs.LinuxNamespace{
 				{Type: specs.PIDNamespace}, {Type: specs.NetworkNamespace}, {Type: specs.IPCNamespace},
 				{Type: specs.UTSNamespace}, {Type: specs.MountNamespace}, {Type: specs.CgroupNamespace},
+				{Type: specs.UserNamespace},
 			},
+			// Root inside is ids.Base outside, unique to this sandbox.
+			UIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: ids.Base, Size: idmap.Size}},
+			GIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: ids.Base, Size: idmap.Size}},
 			MaskedPaths:   maskedPaths,
 			ReadonlyPaths: readonlyPaths,
 		},
