@@ -155,7 +155,7 @@ func (s *Server) start(spec *execSpec, stdout, stderr io.Writer) (*command, erro
 		Sys:   &syscall.SysProcAttr{Setpgid: true},
 	}
 	started := time.Now()
-	ch, err := s.reaper.start(spec.argv0, spec.argv, attr)
+	ch, err := s.reaper.start(spec.argv0, spec.argv, attr, s.forker())
 	pipes.closeChild()
 	if err != nil {
 		pipes.closeParent()

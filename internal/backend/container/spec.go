@@ -87,8 +87,8 @@ func ociSpec(sb backend.Spec, ids idmap.Range, rootfs, cgroupsPath string, args 
 				{Type: specs.UserNamespace},
 			},
 			// Root inside is ids.Base outside, unique to this sandbox.
-			UIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: ids.Base, Size: idmap.Size}},
-			GIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: ids.Base, Size: idmap.Size}},
+			UIDMappings:   []specs.LinuxIDMapping{{ContainerID: 0, HostID: ids.Base, Size: idmap.Size}},
+			GIDMappings:   []specs.LinuxIDMapping{{ContainerID: 0, HostID: ids.Base, Size: idmap.Size}},
 			MaskedPaths:   maskedPaths,
 			ReadonlyPaths: readonlyPaths,
 		},
