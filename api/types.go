@@ -96,7 +96,9 @@ type CreateSandboxRequest struct {
 	Snapshot   string            `json:"snapshot,omitempty"`
 	Resources  Resources         `json:"resources,omitzero"`
 	Network    *Network          `json:"network,omitempty"`
-	Phase      string            `json:"phase,omitempty"`
+	Phases     map[string]Phase  `json:"phases,omitempty"`
+	Profile    string            `json:"profile,omitempty"`
+	Phase      string            `json:"phase,omitempty"` // the phase it starts in
 	TTLSeconds int64             `json:"ttl_seconds,omitempty"`
 	Labels     map[string]string `json:"labels,omitempty"`
 	Env        map[string]string `json:"env,omitempty"`
@@ -116,7 +118,9 @@ type Sandbox struct {
 	Snapshot  string            `json:"snapshot,omitempty"`
 	Resources Resources         `json:"resources"`
 	Network   Network           `json:"network"`
-	Phase     string            `json:"phase,omitempty"`
+	Phases    map[string]Phase  `json:"phases,omitempty"`
+	Profile   string            `json:"profile,omitempty"`
+	Phase     string            `json:"phase,omitempty"` // the current phase
 	Labels    map[string]string `json:"labels,omitempty"`
 	Env       map[string]string `json:"env,omitempty"`
 	Error     string            `json:"error,omitempty"` // why it failed or was reaped

@@ -29,6 +29,8 @@ type nodeFlags struct {
 	runc         string
 	cgroupParent string
 	maxFileBytes int64
+	uidBase      uint
+	net          netFlags
 	debug        bool
 }
 
@@ -39,6 +41,8 @@ func (n *nodeFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&n.runc, "runc", "runc", "runc binary")
 	fs.StringVar(&n.cgroupParent, "cgroup-parent", "dsec", "cgroup under which sandboxes' cgroups are made")
 	fs.Int64Var(&n.maxFileBytes, "max-file-bytes", 100<<20, "largest file a sandbox's files API reads or writes")
+	fs.UintVar(&n.uidBase, "uid-base", 1<<24, "first host uid of the sandboxes' id ranges (65536 ids each)")
+	n.net.register(fs)
 	fs.BoolVar(&n.debug, "debug", false, "debug logging")
 }
 
@@ -75,9 +79,14 @@ func (n *nodeFlags) startEdge(ctx context.Context, dataDir string, layers edge.L
 	if err != nil {
 		return nil, nil, err
 	}
+	netCfg, err := n.net.config()
+	if err != nil {
+		return nil, nil, err
+	}
 	cb, err := container.New(container.Config{
 		Root: filepath.Join(dataDir, "container"), Runc: n.runc, AgentPath: agent, Logger: log,
-		CgroupParent: n.cgroupParent, MaxFileBytes: n.maxFileBytes,
+		CgroupParent: n.cgroupParent, MaxFileBytes: n.maxFileBytes, UIDBase: uint32(n.uidBase),
+		Network: netCfg,
 	})
 	if err != nil {
 		return nil, nil, err

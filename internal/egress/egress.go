@@ -17,6 +17,7 @@ package egress
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -250,6 +251,7 @@ func (e *Enforcer) SetRules(cgid uint64, rules []Rule) error {
 		}
 		entries[k] = v
 	}
+	widen(entries)
 	inner, err := ebpf.NewMap(innerSpec())
 	if err != nil {
 		return fmt.Errorf("network rules: %w", err)
@@ -269,6 +271,43 @@ func (e *Enforcer) SetRules(cgid uint64, rules []Rule) error {
 // Forget drops a sandbox's rules.
 func (e *Enforcer) Forget(cgid uint64) {
 	e.policies.Delete(cgid)
+}
+
+// widen makes a narrower allowing rule allow at least what the nearest
+// wider rule around it allows: the longest prefix decides, so without it
+// "1.2.3.4:53" inside an allowed "0.0.0.0/0" would close the other ports
+// of 1.2.3.4. A refusal in between (a carve-out) stops the widening.
+func widen(entries map[key]value) {
+	keys := slices.SortedFunc(maps.Keys(entries), func(a, b key) int { return int(a.PrefixLen) - int(b.PrefixLen) })
+	for i, k := range keys {
+		v := entries[k]
+		if v.Allow == 0 || v.Ports[0] == 0 {
+			continue
+		}
+		p := netip.PrefixFrom(netip.AddrFrom4(k.Addr), int(k.PrefixLen))
+		for j := i - 1; j >= 0; j-- {
+			w := keys[j]
+			if w.PrefixLen == k.PrefixLen || !netip.PrefixFrom(netip.AddrFrom4(w.Addr), int(w.PrefixLen)).Contains(p.Addr()) {
+				continue
+			}
+			wv := entries[w] // already widened: shorter prefixes come first
+			if wv.Allow != 0 {
+				if wv.Ports[0] == 0 {
+					v.Ports = [maxPorts]uint16{}
+				} else {
+					for _, port := range wv.Ports {
+						if port != 0 && !slices.Contains(v.Ports[:], port) {
+							if i := slices.Index(v.Ports[:], 0); i >= 0 {
+								v.Ports[i] = port
+							}
+						}
+					}
+				}
+				entries[k] = v
+			}
+			break
+		}
+	}
 }
 
 func addPorts(v *value, ports []uint16) error {

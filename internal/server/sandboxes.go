@@ -15,6 +15,7 @@ import (
 	"github.com/dsec-project/dsec/internal/edge"
 	"github.com/dsec-project/dsec/internal/errdefs"
 	"github.com/dsec-project/dsec/internal/httpapi"
+	"github.com/dsec-project/dsec/internal/policy"
 	"github.com/dsec-project/dsec/internal/scheduler"
 	"github.com/dsec-project/dsec/internal/store"
 )
@@ -76,19 +77,14 @@ func (s *Server) validate(ctx context.Context, tenant string, req api.CreateSand
 	if req.Network == nil {
 		req.Network = &api.Network{Mode: api.NetworkNone}
 	}
-	switch req.Network.Mode {
-	case "", api.NetworkNone:
-		req.Network.Mode = api.NetworkNone
-		if len(req.Network.Allow) > 0 {
-			return plan{}, errdefs.Invalid("network.allow needs mode allowlist")
-		}
-	case api.NetworkAllowlist, api.NetworkOpen:
-		return plan{}, errdefs.Invalid("network mode %q is not supported by this server yet; only none", req.Network.Mode)
-	default:
-		return plan{}, errdefs.Invalid("unknown network mode %q (want none, allowlist or open)", req.Network.Mode)
+	if err := policy.CheckNetwork(req.Network); err != nil {
+		return plan{}, err
 	}
-	if req.Phase != "" {
-		return plan{}, errdefs.Invalid("policy phases are not supported by this server yet")
+	if err := s.resolveProfile(&req); err != nil {
+		return plan{}, err
+	}
+	if err := policy.CheckPhases(req.Phases, req.Phase); err != nil {
+		return plan{}, err
 	}
 	if req.TTLSeconds < 0 {
 		return plan{}, errdefs.Invalid("ttl_seconds must not be negative")
@@ -166,6 +162,7 @@ func (s *Server) create(ctx context.Context, tenant string, p plan) (store.Sandb
 		API: api.Sandbox{
 			ID: "sb-" + randomID(10), Backend: req.Backend, State: api.StateCreating, Node: nodeID,
 			Layers: *req.Layers, Resources: req.Resources, Network: *req.Network, Phase: req.Phase,
+			Phases: req.Phases, Profile: req.Profile,
 			Labels: req.Labels, Env: req.Env, CreatedAt: now, ExpiresAt: &expires,
 			TTLSeconds: int64(ttl / time.Second), IdleTimeoutSeconds: idle,
 		},
@@ -181,9 +178,11 @@ func (s *Server) create(ctx context.Context, tenant string, p plan) (store.Sandb
 	}
 	n, err := s.nodes.get(nodeID)
 	if err == nil {
+		net, files := policy.Effective(*req.Network, req.Phases, req.Phase)
 		_, err = n.client.Create(ctx, edge.CreateRequest{
 			ID: sb.API.ID, Backend: req.Backend, Layers: p.digests, Resources: req.Resources,
-			Network: *req.Network, Env: req.Env, Phase: req.Phase,
+			Network: net, Files: files, NeedsNetwork: policy.NeedsNetwork(*req.Network, req.Phases),
+			Env: req.Env, Phase: req.Phase,
 		})
 	}
 	if err != nil {

@@ -12,6 +12,7 @@
 package server
 
 import (
+	"maps"
 	"context"
 	"fmt"
 	"log/slog"
@@ -56,7 +57,10 @@ type Config struct {
 	TrajectoryRetention time.Duration
 	// ReapInterval is how often expired sandboxes are looked for.
 	ReapInterval time.Duration
-	Logger       *slog.Logger
+	// Profiles are named sets of policy phases a create can refer to;
+	// DefaultProfiles are always offered.
+	Profiles map[string]api.Profile
+	Logger   *slog.Logger
 }
 
 // Server is the control plane.
@@ -99,6 +103,9 @@ func New(cfg Config) *Server {
 	if cfg.Scheduler == nil {
 		cfg.Scheduler = scheduler.New(scheduler.DefaultConfig)
 	}
+	profiles := DefaultProfiles()
+	maps.Copy(profiles, cfg.Profiles)
+	cfg.Profiles = profiles
 	s := &Server{
 		cfg:     cfg,
 		store:   cfg.Store,
@@ -185,6 +192,8 @@ func (s *Server) Handler() http.Handler {
 	authed("POST /v1/sandboxes/{id}/renew", s.renewSandbox)
 	authed("GET /v1/trajectories/{id...}", s.getTrajectory)
 	authed("DELETE /v1/trajectories/{id...}", s.deleteTrajectory)
+	authed("PUT /v1/sandboxes/{id}/phase", s.setPhase)
+	authed("GET /v1/profiles", s.listProfiles)
 
 	authed("POST /v1/layers", s.createLayer)
 	authed("GET /v1/layers", s.listLayers)

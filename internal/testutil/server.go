@@ -213,6 +213,9 @@ func (s *Server) cleanup() {
 		}
 	}
 	UnmountAll(s.DataDir)
+	if i := indexOf(s.args, "--net-bridge"); i >= 0 {
+		RemoveNodeNetwork(s.args[i+1])
+	}
 	for _, cg := range s.cgroupDirs() {
 		entries, _ := os.ReadDir(cg)
 		for _, e := range entries {

@@ -22,6 +22,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -57,7 +58,9 @@ type Config struct {
 	// MaxSandboxes bounds how many sandboxes the node holds at once (the
 	// number of id ranges); 16384 by default.
 	MaxSandboxes int
-	Logger       *slog.Logger
+	// Network, if set, gives sandboxes network modes allowlist and open.
+	Network *NetworkConfig
+	Logger  *slog.Logger
 }
 
 // defaultDiskMB is the writable layer's size when the spec says nothing.
@@ -70,6 +73,7 @@ type Backend struct {
 	layers  *mount.Layers
 	runtime string // the lowest lower layer: the agent and mount points
 	disks   *disk.Templates
+	nets    netState
 	log     *slog.Logger
 
 	mu        sync.Mutex
@@ -87,6 +91,10 @@ type record struct {
 	Lowers []string `json:"lowers"`
 	// UIDs are the host ids the sandbox's user namespace maps to.
 	UIDs idmap.Range `json:"uids"`
+	// IP is the sandbox's address on the node's bridge, if it has one.
+	IP netip.Addr `json:"ip,omitzero"`
+	// CgroupID is the cgroup v2 id its egress rules are filed under.
+	CgroupID uint64 `json:"cgroup_id,omitempty"`
 	// acquired says the layer references are held (in memory only).
 	acquired bool
 }
@@ -143,6 +151,11 @@ func New(cfg Config) (*Backend, error) {
 		return nil, err
 	}
 	b.runtime = rt
+	if cfg.Network != nil {
+		if err := b.setupNetwork(context.Background(), cfg.Network); err != nil {
+			return nil, fmt.Errorf("container backend: %w", err)
+		}
+	}
 	return b, nil
 }
 
@@ -244,6 +257,9 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (err error) {
 	if err := os.Chmod(dir, 0o710); err != nil {
 		return fmt.Errorf("create sandbox %s: %w", spec.ID, err)
 	}
+	if err := b.reserveNetwork(rec); err != nil {
+		return err
+	}
 	t0 := time.Now()
 	if err := b.acquire(ctx, rec); err != nil {
 		return err
@@ -319,6 +335,13 @@ func (b *Backend) start(ctx context.Context, rec *record) (err error) {
 	if err != nil {
 		return err
 	}
+	if rec.Spec.NeedsNetwork {
+		resolv, err := b.writeResolvConf(rec)
+		if err != nil {
+			return fmt.Errorf("start sandbox %s: %w", id, err)
+		}
+		withNetwork(spec, resolv)
+	}
 	if err := writeJSON(filepath.Join(dir, "config.json"), spec); err != nil {
 		return fmt.Errorf("start sandbox %s: %w", id, err)
 	}
@@ -341,6 +364,16 @@ func (b *Backend) start(ctx context.Context, rec *record) (err error) {
 	if err := b.runc.setCPUQuota(id, rec.Spec.Resources.CPU); err != nil {
 		b.runc.delete(context.WithoutCancel(ctx), id)
 		return fmt.Errorf("start sandbox %s: cpu quota: %w", id, err)
+	}
+	// Nothing but the edge reaches the agent before Create returns, so the
+	// first command already runs under the network and file rules.
+	if err := b.connect(ctx, rec); err != nil {
+		b.runc.delete(context.WithoutCancel(ctx), id)
+		return fmt.Errorf("start sandbox %s: network: %w", id, err)
+	}
+	if err := b.pushFiles(ctx, rec); err != nil {
+		b.runc.delete(context.WithoutCancel(ctx), id)
+		return fmt.Errorf("start sandbox %s: %w", id, err)
 	}
 	return nil
 }
@@ -390,6 +423,7 @@ func (b *Backend) teardown(ctx context.Context, id string, rec *record) error {
 		errs = append(errs, err)
 	}
 	if rec != nil {
+		b.disconnect(rec)
 		b.release(rec)
 		b.freeUIDs(id, rec.UIDs)
 	}

@@ -66,6 +66,9 @@ func (b *Backend) Recover(ctx context.Context) ([]backend.Spec, error) {
 			b.uids[rec.UIDs.Base] = id
 			b.mu.Unlock()
 		}
+		if rec.IP.IsValid() && b.nets.net != nil {
+			b.nets.net.Reserve(id, rec.IP)
+		}
 		st, err := b.runc.state(ctx, id)
 		switch {
 		case err == nil && st.Status == "paused":

@@ -17,10 +17,13 @@ import (
 // the runtime layer under the base.
 const agentPath = "/.dsec/dsec-agent"
 
-// defaultCaps is Docker's default capability set.
+// defaultCaps is Docker's default capability set without CAP_NET_RAW:
+// raw and packet sockets would let a sandbox forge frames on the bridge
+// and send packets the socket-level egress hooks never see. Capabilities
+// are those of the sandbox's own user namespace.
 var defaultCaps = []string{
 	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD",
-	"CAP_NET_RAW", "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP",
+	"CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP",
 	"CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
 }
 
@@ -121,4 +124,18 @@ func resources(r api.Resources) *specs.LinuxResources {
 		out.Pids = &specs.LinuxPids{Limit: &limit}
 	}
 	return out
+}
+
+// withNetwork gives a sandbox that has an interface its resolv.conf, and
+// no IPv6 (its network is IPv4 only; this keeps link-local IPv6 off the
+// bridge). Sysctls apply inside the sandbox's own network namespace.
+func withNetwork(s *specs.Spec, resolvConf string) {
+	s.Mounts = append(s.Mounts, specs.Mount{
+		Destination: "/etc/resolv.conf", Type: "bind", Source: resolvConf,
+		Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"},
+	})
+	s.Linux.Sysctl = map[string]string{
+		"net.ipv6.conf.all.disable_ipv6":     "1",
+		"net.ipv6.conf.default.disable_ipv6": "1",
+	}
 }
