@@ -132,4 +132,3 @@ func (c *child) signalGroup(sig unix.Signal) {
 		_ = unix.Kill(-c.pid, sig) // ESRCH: gone already
 	}
 }
-

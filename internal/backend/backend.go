@@ -49,8 +49,8 @@ type Spec struct {
 	ID      string `json:"id"`
 	Backend string `json:"backend"`
 	// Layers are the read-only layers, bottom (base) first.
-	Layers    []Layer           `json:"layers"`
-	Resources api.Resources     `json:"resources"`
+	Layers    []Layer       `json:"layers"`
+	Resources api.Resources `json:"resources"`
 	// Network and Files are the policy of the current Phase.
 	Network api.Network       `json:"network"`
 	Files   api.FileRules     `json:"files,omitzero"`

@@ -12,10 +12,10 @@
 package server
 
 import (
-	"maps"
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/url"
 	"runtime/debug"
