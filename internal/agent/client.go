@@ -181,5 +181,6 @@ func readError(ctx context.Context, err error) error {
 
 // SetPolicy replaces the rules commands started from now on run under.
 func (c *Client) SetPolicy(ctx context.Context, p *Policy) error {
-	return c.call(ctx, http.MethodPut, "/policy", p, nil)
+	var got Policy
+	return c.call(ctx, http.MethodPut, "/policy", p, &got)
 }
