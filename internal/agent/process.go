@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -160,6 +161,10 @@ func (s *Server) start(spec *execSpec, stdout, stderr io.Writer) (*command, erro
 	if err != nil {
 		pipes.closeParent()
 		return nil, err
+	}
+	if s.protected {
+		// The agent is shielded from the OOM killer; its commands are not.
+		_ = os.WriteFile("/proc/"+strconv.Itoa(ch.pid)+"/oom_score_adj", []byte("0"), 0)
 	}
 	c := &command{child: ch, io: pipes, started: started}
 	c.pumps.Add(2)

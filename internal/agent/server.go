@@ -57,6 +57,9 @@ type Server struct {
 	// noConfine turns Landlock off (tests that run the agent outside a
 	// sandbox).
 	noConfine bool
+	// protected: PID 1 of a sandbox, whose OOM score the edge lowers;
+	// commands get theirs back to 0.
+	protected bool
 
 	// policyMu guards the current phase's rules and its spawner.
 	policyMu sync.Mutex
@@ -82,6 +85,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("open root %s: %w", cfg.Root, err)
 	}
 	s := &Server{cfg: cfg, root: root, procs: newProcTable(), noConfine: cfg.NoConfine}
+	s.protected = os.Getpid() == 1
 	// Fail now rather than on every file request if the kernel or a
 	// seccomp profile lacks openat2.
 	fd, err := s.openIn(".", unix.O_PATH|unix.O_DIRECTORY)

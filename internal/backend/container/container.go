@@ -365,6 +365,7 @@ func (b *Backend) start(ctx context.Context, rec *record) (err error) {
 		b.runc.delete(context.WithoutCancel(ctx), id)
 		return fmt.Errorf("start sandbox %s: cpu quota: %w", id, err)
 	}
+	b.runc.protectAgent(id)
 	// Nothing but the edge reaches the agent before Create returns, so the
 	// first command already runs under the network and file rules.
 	if err := b.connect(ctx, rec); err != nil {
