@@ -28,6 +28,7 @@ func benchCmd(ctx context.Context, args []string) error {
 		fs.BoolVar(&cfg.Baseline, "baseline", true, "also time bare `runc run` (needs root, on the server's machine)")
 		fs.StringVar(&cfg.WorkDir, "workdir", os.TempDir(), "scratch directory for the baseline")
 		fs.StringVar(&cfg.Runc, "runc", "runc", "runc binary for the baseline")
+		fs.StringVar(&cfg.Network, "network", "none", "network mode of the sandboxes: none, or open (the node needs --net-subnet)")
 		if _, _, err := parseArgs(fs, args); err != nil {
 			return err
 		}

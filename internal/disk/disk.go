@@ -195,7 +195,7 @@ func attachLoop(image string) (*os.File, error) {
 			return nil, err
 		}
 		cfg := unix.LoopConfig{Fd: uint32(img.Fd()), Size: 4096}
-		cfg.Info.Flags = unix.LO_FLAGS_AUTOCLEAR | unix.LO_FLAGS_DIRECT_IO
+		cfg.Info.Flags = unix.LO_FLAGS_AUTOCLEAR
 		err = unix.IoctlLoopConfigure(int(dev.Fd()), &cfg)
 		if err == nil {
 			return dev, nil

@@ -26,10 +26,15 @@ const secbitNoSetuidFixup = 1 << 2
 // as file descriptors).
 func Overlay(r Range, userns *os.File, lowers []string, upperRoot, target string) error {
 	var fds []int
+	// Closing a detached mount dissolves it, and that waits for an RCU
+	// grace period (tens of ms on a busy node) per mount: not on the
+	// create path.
 	defer func() {
-		for _, fd := range fds {
-			unix.Close(fd)
-		}
+		go func() {
+			for _, fd := range fds {
+				unix.Close(fd)
+			}
+		}()
 	}()
 	keep := func(fd int) int { fds = append(fds, fd); return fd }
 	var lowerFDs []int
