@@ -486,7 +486,7 @@ func (b *Backend) Reset(ctx context.Context, id string) error {
 	if err := mount.Unmount(filepath.Join(dir, "disk")); err != nil {
 		return fmt.Errorf("reset sandbox %s: %w", id, err)
 	}
-	if err := b.disks.Recreate(ctx, filepath.Join(dir, "disk.img"), diskMB(rec.Spec)); err != nil {
+	if err := os.Remove(filepath.Join(dir, "disk.img")); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("reset sandbox %s: %w", id, err)
 	}
 	if err := b.start(ctx, rec); err != nil {

@@ -43,6 +43,8 @@ func (b *Backend) mountDisk(ctx context.Context, rec *record) error {
 			if err := b.disks.Create(ctx, img, diskMB(rec.Spec)); err != nil {
 				return err
 			}
+		} else if err := disk.Check(ctx, img); err != nil { // the node went down
+			return err
 		}
 		if err := disk.Mount(img, target); err != nil {
 			return err
