@@ -3,10 +3,15 @@
 // and sendmsg4/sendmsg6 refuse a connection or datagram to a destination
 // the sandbox may not reach (the caller sees EPERM at once), and an
 // egress cgroup_skb program drops every other IP packet to such a
-// destination (raw, ICMP, SCTP…). The programs read two maps: the node's
-// deny list, which no sandbox rule overrides, and a map from cgroup id to
-// the sandbox's own rules (an LPM trie of prefixes with a verdict and
-// ports), replaced whole and atomically when the sandbox's policy changes.
+// destination (raw, ICMP, SCTP…). The programs read the node's deny list,
+// which no sandbox rule overrides, then the sandbox's rules: one LPM trie
+// for the whole node keyed by (cgroup id, generation, prefix), and a map
+// from cgroup id to the sandbox's current generation. A policy change
+// writes the new generation's rules, flips the generation in one map
+// update, then deletes the old rules: a connection is judged by the old
+// rules or by the new, never by a mix. (A map of maps would swap a
+// per-sandbox trie instead, but the kernel waits for an RCU grace period
+// on every update of one: tens of milliseconds on each create.)
 //
 // Programs are attached with BPF_F_ALLOW_MULTI and no link, so they stay
 // attached when the edge exits and go with the cgroup; the maps are pinned
@@ -15,6 +20,7 @@
 package egress
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"maps"
@@ -22,6 +28,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
@@ -48,8 +55,21 @@ type Rule struct {
 
 // Enforcer holds the node's programs and maps.
 type Enforcer struct {
-	deny, policies *ebpf.Map
-	progs          map[ebpf.AttachType]*ebpf.Program
+	m     egressMaps
+	progs map[ebpf.AttachType]*ebpf.Program
+
+	mu sync.Mutex
+	// live are the rule keys of each sandbox's current generation.
+	live map[uint64]*sandboxRules
+}
+
+type egressMaps struct {
+	deny, gens, rules *ebpf.Map
+}
+
+type sandboxRules struct {
+	gen  uint32
+	keys []ruleKey
 }
 
 // value is a rule as the programs read it.
@@ -59,17 +79,33 @@ type value struct {
 	Ports [maxPorts]uint16 // network order; Ports[0] == 0: every port
 }
 
-type key struct {
+type denyKey struct {
 	PrefixLen uint32
 	Addr      [4]byte
 }
 
-func innerSpec() *ebpf.MapSpec {
-	return &ebpf.MapSpec{
-		Type: ebpf.LPMTrie, KeySize: 8, ValueSize: 16, MaxEntries: maxRules,
-		Flags: unix.BPF_F_NO_PREALLOC,
-	}
+// ruleKeyFixedBits are the bits of a rule key before the address: the
+// cgroup id and the generation, always matched in full.
+const ruleKeyFixedBits = 96
+
+// ruleKey is {u32 prefixlen; u64 cgid (little-endian); u32 gen; u8 addr[4]}
+// without padding, as the programs lay it out on their stack.
+type ruleKey struct {
+	PrefixLen uint32
+	Data      [16]byte
 }
+
+func newRuleKey(cgid uint64, gen uint32, p netip.Prefix) ruleKey {
+	k := ruleKey{PrefixLen: uint32(ruleKeyFixedBits + p.Bits())}
+	binary.LittleEndian.PutUint64(k.Data[0:8], cgid)
+	binary.LittleEndian.PutUint32(k.Data[8:12], gen)
+	a := p.Addr().As4()
+	copy(k.Data[12:16], a[:])
+	return k
+}
+
+func (k ruleKey) cgid() uint64 { return binary.LittleEndian.Uint64(k.Data[0:8]) }
+func (k ruleKey) gen() uint32  { return binary.LittleEndian.Uint32(k.Data[8:12]) }
 
 // New loads the programs, and the maps pinned in pinDir (a bpffs it mounts
 // there if needed) or new ones.
@@ -77,32 +113,41 @@ func New(pinDir string) (*Enforcer, error) {
 	if err := mountBPFFS(pinDir); err != nil {
 		return nil, err
 	}
-	deny, err := pinnedMap(filepath.Join(pinDir, "deny"), &ebpf.MapSpec{
+	e := &Enforcer{progs: map[ebpf.AttachType]*ebpf.Program{}, live: map[uint64]*sandboxRules{}}
+	var err error
+	if e.m.deny, err = pinnedMap(filepath.Join(pinDir, "deny"), &ebpf.MapSpec{
 		Name: "dsec_deny", Type: ebpf.LPMTrie, KeySize: 8, ValueSize: 1, MaxEntries: 4096,
 		Flags: unix.BPF_F_NO_PREALLOC,
-	})
-	if err != nil {
+	}); err != nil {
 		return nil, err
 	}
-	policies, err := pinnedMap(filepath.Join(pinDir, "policies"), &ebpf.MapSpec{
-		Name: "dsec_policies", Type: ebpf.HashOfMaps, KeySize: 8, ValueSize: 4, MaxEntries: 65536,
-		InnerMap: innerSpec(),
-	})
-	if err != nil {
-		deny.Close()
+	if e.m.gens, err = pinnedMap(filepath.Join(pinDir, "gens"), &ebpf.MapSpec{
+		Name: "dsec_gens", Type: ebpf.Hash, KeySize: 8, ValueSize: 4, MaxEntries: 1 << 16,
+	}); err != nil {
+		e.Close()
 		return nil, err
 	}
-	e := &Enforcer{deny: deny, policies: policies, progs: map[ebpf.AttachType]*ebpf.Program{}}
+	if e.m.rules, err = pinnedMap(filepath.Join(pinDir, "rules"), &ebpf.MapSpec{
+		Name: "dsec_rules", Type: ebpf.LPMTrie, KeySize: 20, ValueSize: 16, MaxEntries: 1 << 20,
+		Flags: unix.BPF_F_NO_PREALLOC,
+	}); err != nil {
+		e.Close()
+		return nil, err
+	}
+	if err := e.load(); err != nil {
+		e.Close()
+		return nil, err
+	}
 	for _, p := range []struct {
 		attach ebpf.AttachType
 		typ    ebpf.ProgramType
 		insns  asm.Instructions
 	}{
-		{ebpf.AttachCGroupInet4Connect, ebpf.CGroupSockAddr, sockAddr4(deny, policies)},
-		{ebpf.AttachCGroupUDP4Sendmsg, ebpf.CGroupSockAddr, sockAddr4(deny, policies)},
-		{ebpf.AttachCGroupInet6Connect, ebpf.CGroupSockAddr, sockAddr6(deny, policies)},
-		{ebpf.AttachCGroupUDP6Sendmsg, ebpf.CGroupSockAddr, sockAddr6(deny, policies)},
-		{ebpf.AttachCGroupInetEgress, ebpf.CGroupSKB, skbEgress(deny, policies)},
+		{ebpf.AttachCGroupInet4Connect, ebpf.CGroupSockAddr, sockAddr4(e.m)},
+		{ebpf.AttachCGroupUDP4Sendmsg, ebpf.CGroupSockAddr, sockAddr4(e.m)},
+		{ebpf.AttachCGroupInet6Connect, ebpf.CGroupSockAddr, sockAddr6(e.m)},
+		{ebpf.AttachCGroupUDP6Sendmsg, ebpf.CGroupSockAddr, sockAddr6(e.m)},
+		{ebpf.AttachCGroupInetEgress, ebpf.CGroupSKB, skbEgress(e.m)},
 	} {
 		prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
 			Name: "dsec_egress", Type: p.typ, AttachType: p.attach, Instructions: p.insns, License: "GPL",
@@ -114,6 +159,38 @@ func New(pinDir string) (*Enforcer, error) {
 		e.progs[p.attach] = prog
 	}
 	return e, nil
+}
+
+// load rebuilds, after a restart, which rules belong to which sandbox, and
+// drops rules of generations no longer current.
+func (e *Enforcer) load() error {
+	var cgid uint64
+	var gen uint32
+	it := e.m.gens.Iterate()
+	for it.Next(&cgid, &gen) {
+		e.live[cgid] = &sandboxRules{gen: gen}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("egress generations: %w", err)
+	}
+	var k ruleKey
+	var v value
+	var stale []ruleKey
+	rit := e.m.rules.Iterate()
+	for rit.Next(&k, &v) {
+		if sr := e.live[k.cgid()]; sr != nil && sr.gen == k.gen() {
+			sr.keys = append(sr.keys, k)
+		} else {
+			stale = append(stale, k)
+		}
+	}
+	if err := rit.Err(); err != nil {
+		return fmt.Errorf("egress rules: %w", err)
+	}
+	for _, k := range stale {
+		e.m.rules.Delete(k)
+	}
+	return nil
 }
 
 func pinnedMap(path string, spec *ebpf.MapSpec) (*ebpf.Map, error) {
@@ -158,35 +235,39 @@ func (e *Enforcer) Close() error {
 	for _, p := range e.progs {
 		p.Close()
 	}
-	e.deny.Close()
-	e.policies.Close()
+	for _, x := range []*ebpf.Map{e.m.deny, e.m.gens, e.m.rules} {
+		if x != nil {
+			x.Close()
+		}
+	}
 	return nil
 }
 
 // SetDeny replaces the node's deny list.
 func (e *Enforcer) SetDeny(prefixes []netip.Prefix) error {
-	want := map[key]bool{}
+	want := map[denyKey]bool{}
 	for _, p := range prefixes {
-		k, err := keyOf(p)
-		if err != nil {
-			return err
+		if !p.Addr().Is4() {
+			return fmt.Errorf("prefix %s: only IPv4 is supported", p)
 		}
+		p = p.Masked()
+		k := denyKey{PrefixLen: uint32(p.Bits()), Addr: p.Addr().As4()}
 		want[k] = true
-		if err := e.deny.Update(k, uint8(1), ebpf.UpdateAny); err != nil {
+		if err := e.m.deny.Update(k, uint8(1), ebpf.UpdateAny); err != nil {
 			return fmt.Errorf("deny %s: %w", p, err)
 		}
 	}
-	var k key
+	var k denyKey
 	var v uint8
-	var stale []key
-	it := e.deny.Iterate()
+	var stale []denyKey
+	it := e.m.deny.Iterate()
 	for it.Next(&k, &v) {
 		if !want[k] {
 			stale = append(stale, k)
 		}
 	}
 	for _, k := range stale {
-		e.deny.Delete(k)
+		e.m.deny.Delete(k)
 	}
 	return it.Err()
 }
@@ -204,13 +285,7 @@ func (e *Enforcer) Attach(cgroupDir string) (uint64, error) {
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
 		return 0, fmt.Errorf("attach egress programs: %w", err)
 	}
-	for _, at := range slices.Sorted(func(yield func(ebpf.AttachType) bool) {
-		for at := range e.progs {
-			if !yield(at) {
-				return
-			}
-		}
-	}) {
+	for _, at := range slices.Sorted(maps.Keys(e.progs)) {
 		err := link.RawAttachProgram(link.RawAttachProgramOptions{
 			Target: int(f.Fd()), Program: e.progs[at], Attach: at, Flags: unix.BPF_F_ALLOW_MULTI,
 		})
@@ -221,24 +296,56 @@ func (e *Enforcer) Attach(cgroupDir string) (uint64, error) {
 	return st.Ino, nil
 }
 
-// SetRules replaces a sandbox's rules in one step: connections and packets
-// judged after it returns see only the new rules.
+// SetRules replaces a sandbox's rules: connections and packets judged
+// after it returns see only the new rules, and none ever sees a mix.
 func (e *Enforcer) SetRules(cgid uint64, rules []Rule) error {
-	if len(rules) > maxRules {
-		return fmt.Errorf("%d network rules, more than %d", len(rules), maxRules)
+	entries, err := compile(rules)
+	if err != nil {
+		return err
 	}
-	entries := map[key]value{}
-	for _, r := range rules {
-		k, err := keyOf(r.Prefix)
-		if err != nil {
-			return err
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	old := e.live[cgid]
+	next := &sandboxRules{gen: 1}
+	if old != nil {
+		next.gen = old.gen + 1
+	}
+	for p, v := range entries {
+		k := newRuleKey(cgid, next.gen, p)
+		if err := e.m.rules.Update(k, v, ebpf.UpdateAny); err != nil {
+			e.deleteKeys(next.keys)
+			return fmt.Errorf("network rules: %w", err)
 		}
-		v, seen := entries[k]
+		next.keys = append(next.keys, k)
+	}
+	if err := e.m.gens.Update(cgid, next.gen, ebpf.UpdateAny); err != nil {
+		e.deleteKeys(next.keys)
+		return fmt.Errorf("network rules: %w", err)
+	}
+	e.live[cgid] = next
+	if old != nil {
+		e.deleteKeys(old.keys)
+	}
+	return nil
+}
+
+// compile merges rules per prefix and widens narrow allowances.
+func compile(rules []Rule) (map[netip.Prefix]value, error) {
+	if len(rules) > maxRules {
+		return nil, fmt.Errorf("%d network rules, more than %d", len(rules), maxRules)
+	}
+	entries := map[netip.Prefix]value{}
+	for _, r := range rules {
+		if !r.Prefix.Addr().Is4() {
+			return nil, fmt.Errorf("prefix %s: only IPv4 is supported", r.Prefix)
+		}
+		p := r.Prefix.Masked()
+		v, seen := entries[p]
 		switch {
 		case !seen:
 			v = value{Allow: b2u(r.Allow)}
 			if err := addPorts(&v, r.Ports); err != nil {
-				return fmt.Errorf("%s: %w", r.Prefix, err)
+				return nil, fmt.Errorf("%s: %w", p, err)
 			}
 		case v.Allow == 0 || !r.Allow:
 			v = value{} // a refusal wins over an allowance of the same prefix
@@ -246,59 +353,56 @@ func (e *Enforcer) SetRules(cgid uint64, rules []Rule) error {
 			v.Ports = [maxPorts]uint16{} // every port
 		default:
 			if err := addPorts(&v, r.Ports); err != nil {
-				return fmt.Errorf("%s: %w", r.Prefix, err)
+				return nil, fmt.Errorf("%s: %w", p, err)
 			}
 		}
-		entries[k] = v
+		entries[p] = v
 	}
 	widen(entries)
-	inner, err := ebpf.NewMap(innerSpec())
-	if err != nil {
-		return fmt.Errorf("network rules: %w", err)
-	}
-	defer inner.Close() // the outer map keeps its own reference
-	for k, v := range entries {
-		if err := inner.Update(k, v, ebpf.UpdateAny); err != nil {
-			return fmt.Errorf("network rules: %w", err)
-		}
-	}
-	if err := e.policies.Update(cgid, inner, ebpf.UpdateAny); err != nil {
-		return fmt.Errorf("network rules: %w", err)
-	}
-	return nil
+	return entries, nil
 }
 
 // Forget drops a sandbox's rules.
 func (e *Enforcer) Forget(cgid uint64) {
-	e.policies.Delete(cgid)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.m.gens.Delete(cgid)
+	if sr := e.live[cgid]; sr != nil {
+		e.deleteKeys(sr.keys)
+	}
+	delete(e.live, cgid)
+}
+
+func (e *Enforcer) deleteKeys(keys []ruleKey) {
+	for _, k := range keys {
+		e.m.rules.Delete(k)
+	}
 }
 
 // widen makes a narrower allowing rule allow at least what the nearest
 // wider rule around it allows: the longest prefix decides, so without it
 // "1.2.3.4:53" inside an allowed "0.0.0.0/0" would close the other ports
 // of 1.2.3.4. A refusal in between (a carve-out) stops the widening.
-func widen(entries map[key]value) {
-	keys := slices.SortedFunc(maps.Keys(entries), func(a, b key) int { return int(a.PrefixLen) - int(b.PrefixLen) })
+func widen(entries map[netip.Prefix]value) {
+	keys := slices.SortedFunc(maps.Keys(entries), func(a, b netip.Prefix) int { return a.Bits() - b.Bits() })
 	for i, k := range keys {
 		v := entries[k]
 		if v.Allow == 0 || v.Ports[0] == 0 {
 			continue
 		}
-		p := netip.PrefixFrom(netip.AddrFrom4(k.Addr), int(k.PrefixLen))
 		for j := i - 1; j >= 0; j-- {
 			w := keys[j]
-			if w.PrefixLen == k.PrefixLen || !netip.PrefixFrom(netip.AddrFrom4(w.Addr), int(w.PrefixLen)).Contains(p.Addr()) {
+			if w.Bits() == k.Bits() || !w.Contains(k.Addr()) {
 				continue
 			}
-			wv := entries[w] // already widened: shorter prefixes come first
-			if wv.Allow != 0 {
+			if wv := entries[w]; wv.Allow != 0 { // already widened: shorter prefixes come first
 				if wv.Ports[0] == 0 {
 					v.Ports = [maxPorts]uint16{}
 				} else {
 					for _, port := range wv.Ports {
 						if port != 0 && !slices.Contains(v.Ports[:], port) {
-							if i := slices.Index(v.Ports[:], 0); i >= 0 {
-								v.Ports[i] = port
+							if n := slices.Index(v.Ports[:], 0); n >= 0 {
+								v.Ports[n] = port
 							}
 						}
 					}
@@ -323,14 +427,6 @@ func addPorts(v *value, ports []uint16) error {
 		v.Ports[i] = be
 	}
 	return nil
-}
-
-func keyOf(p netip.Prefix) (key, error) {
-	if !p.Addr().Is4() {
-		return key{}, fmt.Errorf("prefix %s: only IPv4 is supported", p)
-	}
-	p = p.Masked()
-	return key{PrefixLen: uint32(p.Bits()), Addr: p.Addr().As4()}, nil
 }
 
 func b2u(b bool) uint8 {

@@ -1,7 +1,6 @@
 package egress
 
 import (
-	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 )
 
@@ -28,41 +27,50 @@ const (
 	le32V4Mapped = -65536     // 0x0000ffff as bytes 00 00 ff ff: ::ffff:a.b.c.d
 )
 
-// Stack layout shared by the programs.
+// Stack layout shared by the programs (stack accesses must be aligned).
 const (
-	stKey  = -8  // struct { u32 prefixlen; u8 addr[4]; }
-	stCgid = -16 // u64 cgroup id
-	stHdr  = -40 // 24 bytes of a packet header
-	stPort = -44 // u16 destination port
+	stRuleKey = -24 // struct { u32 prefixlen; u64 cgid; u32 gen; u8 addr[4]; } unpadded: 20 bytes
+	stDenyKey = -32 // struct { u32 prefixlen; u8 addr[4]; }
+	stCgid    = -40 // u64 cgroup id
+	stHdr     = -72 // 24 bytes of a packet header
+	stPort    = -76 // u16 destination port
 )
 
 // check decides on the address in R7 (IPv4, network order), the port in
 // R8 (network order in the low 16 bits; 0 if none) and the cgroup id in
 // R9: loopback and the unspecified address are always allowed; the node's
-// deny list always wins; then the sandbox's own rules, longest prefix
-// first. A sandbox without rules gets nothing.
-func check(deny, policies *ebpf.Map) asm.Instructions {
+// deny list always wins; then the sandbox's rules of its current
+// generation, longest prefix first. A sandbox without rules gets nothing.
+func check(m egressMaps) asm.Instructions {
 	insns := asm.Instructions{
 		asm.Mov.Reg(asm.R1, asm.R7).WithSymbol("check"),
 		asm.And.Imm(asm.R1, 0xff),
 		asm.JEq.Imm(asm.R1, 127, "allow"),
 		asm.JEq.Imm(asm.R1, 0, "allow"),
-		asm.StoreImm(asm.RFP, stKey, 32, asm.Word),
-		asm.StoreMem(asm.RFP, stKey+4, asm.R7, asm.Word),
-		asm.LoadMapPtr(asm.R1, deny.FD()),
+		asm.StoreImm(asm.RFP, stDenyKey, 32, asm.Word),
+		asm.StoreMem(asm.RFP, stDenyKey+4, asm.R7, asm.Word),
+		asm.LoadMapPtr(asm.R1, m.deny.FD()),
 		asm.Mov.Reg(asm.R2, asm.RFP),
-		asm.Add.Imm(asm.R2, stKey),
+		asm.Add.Imm(asm.R2, stDenyKey),
 		asm.FnMapLookupElem.Call(),
 		asm.JNE.Imm(asm.R0, 0, "deny"),
 		asm.StoreMem(asm.RFP, stCgid, asm.R9, asm.DWord),
-		asm.LoadMapPtr(asm.R1, policies.FD()),
+		asm.LoadMapPtr(asm.R1, m.gens.FD()),
 		asm.Mov.Reg(asm.R2, asm.RFP),
 		asm.Add.Imm(asm.R2, stCgid),
 		asm.FnMapLookupElem.Call(),
 		asm.JEq.Imm(asm.R0, 0, "deny"),
-		asm.Mov.Reg(asm.R1, asm.R0),
+		asm.LoadMem(asm.R1, asm.R0, 0, asm.Word),
+		asm.StoreMem(asm.RFP, stRuleKey+12, asm.R1, asm.Word),
+		asm.StoreImm(asm.RFP, stRuleKey, ruleKeyFixedBits+32, asm.Word),
+		asm.StoreMem(asm.RFP, stRuleKey+4, asm.R9, asm.Word), // low half, as a little-endian u64
+		asm.Mov.Reg(asm.R1, asm.R9),
+		asm.RSh.Imm(asm.R1, 32),
+		asm.StoreMem(asm.RFP, stRuleKey+8, asm.R1, asm.Word),
+		asm.StoreMem(asm.RFP, stRuleKey+16, asm.R7, asm.Word),
+		asm.LoadMapPtr(asm.R1, m.rules.FD()),
 		asm.Mov.Reg(asm.R2, asm.RFP),
-		asm.Add.Imm(asm.R2, stKey),
+		asm.Add.Imm(asm.R2, stRuleKey),
 		asm.FnMapLookupElem.Call(),
 		asm.JEq.Imm(asm.R0, 0, "deny"),
 		asm.LoadMem(asm.R1, asm.R0, 0, asm.Byte),
@@ -88,7 +96,7 @@ func check(deny, policies *ebpf.Map) asm.Instructions {
 }
 
 // sockAddr4 serves connect4 and sendmsg4.
-func sockAddr4(deny, policies *ebpf.Map) asm.Instructions {
+func sockAddr4(m egressMaps) asm.Instructions {
 	insns := asm.Instructions{
 		asm.Mov.Reg(asm.R6, asm.R1),
 		asm.LoadMem(asm.R7, asm.R6, saUserIP4, asm.Word),
@@ -96,13 +104,13 @@ func sockAddr4(deny, policies *ebpf.Map) asm.Instructions {
 		asm.FnGetCurrentCgroupId.Call(),
 		asm.Mov.Reg(asm.R9, asm.R0),
 	}
-	return append(insns, check(deny, policies)...)
+	return append(insns, check(m)...)
 }
 
 // sockAddr6 serves connect6 and sendmsg6: ::1 and :: are local, an
 // IPv4-mapped address is judged as IPv4, any other IPv6 address is
 // refused (sandboxes have no IPv6 route).
-func sockAddr6(deny, policies *ebpf.Map) asm.Instructions {
+func sockAddr6(m egressMaps) asm.Instructions {
 	insns := asm.Instructions{
 		asm.Mov.Reg(asm.R6, asm.R1),
 		asm.LoadMem(asm.R2, asm.R6, saUserIP6, asm.Word),
@@ -121,14 +129,14 @@ func sockAddr6(deny, policies *ebpf.Map) asm.Instructions {
 		asm.JEq.Imm(asm.R7, le32One, "allow"),
 		asm.Ja.Label("deny"),
 	}
-	return append(insns, check(deny, policies)...)
+	return append(insns, check(m)...)
 }
 
 // skbEgress judges every IP packet a sandbox's sockets send, whatever the
 // protocol: the backstop for what the socket hooks do not see (raw and
 // ICMP sockets, SCTP, unconnected sends of other protocols). IPv6 goes
 // only to ::1.
-func skbEgress(deny, policies *ebpf.Map) asm.Instructions {
+func skbEgress(m egressMaps) asm.Instructions {
 	insns := asm.Instructions{
 		asm.Mov.Reg(asm.R6, asm.R1),
 		asm.LoadMem(asm.R1, asm.R6, skbProto, asm.Word),
@@ -186,5 +194,5 @@ func skbEgress(deny, policies *ebpf.Map) asm.Instructions {
 		asm.JEq.Imm(asm.R1, le32One, "allow"),
 		asm.Ja.Label("deny"),
 	}
-	return append(insns, check(deny, policies)...)
+	return append(insns, check(m)...)
 }

@@ -24,6 +24,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -212,20 +213,22 @@ func (n *Net) Free(id string, addr netip.Addr) {
 	}
 }
 
-// VethName is the host end of sandbox id's veth pair.
-func VethName(id string) string {
-	h := sha256.Sum256([]byte(id))
+// VethName is the host end of the veth pair of the start-th container of
+// sandbox id: a reset's new container never waits for its predecessor's
+// pair to go.
+func VethName(id string, start int) string {
+	h := sha256.Sum256([]byte(id + "/" + strconv.Itoa(start)))
 	return "dv" + hex.EncodeToString(h[:6])
 }
 
 // Attach gives the network namespace of process pid an eth0 with addr,
-// plugged into the bridge, and a default route through the gateway.
-func (n *Net) Attach(id string, pid int, addr netip.Addr) error {
-	host := VethName(id)
-	n.Detach(id) // a veth left by the container a reset replaced
+// plugged into the bridge through the host end host, and a default route
+// through the gateway. The pair goes away with the namespace: deleting it
+// by hand would wait for the network stack's RCU grace periods.
+func (n *Net) Attach(host string, pid int, addr netip.Addr) error {
 	ns, err := netns.GetFromPid(pid)
 	if err != nil {
-		return fmt.Errorf("network of %s: netns: %w", id, err)
+		return fmt.Errorf("veth %s: netns: %w", host, err)
 	}
 	defer ns.Close()
 	la := netlink.NewLinkAttrs()
@@ -233,7 +236,7 @@ func (n *Net) Attach(id string, pid int, addr netip.Addr) error {
 	la.MasterIndex = n.bridge.Attrs().Index
 	veth := &netlink.Veth{LinkAttrs: la, PeerName: "eth0", PeerNamespace: netlink.NsFd(ns)}
 	if err := netlink.LinkAdd(veth); err != nil {
-		return fmt.Errorf("network of %s: veth: %w", id, err)
+		return fmt.Errorf("veth %s: %w", host, err)
 	}
 	link, err := netlink.LinkByName(host)
 	if err == nil {
@@ -243,12 +246,12 @@ func (n *Net) Attach(id string, pid int, addr netip.Addr) error {
 		err = netlink.LinkSetUp(link)
 	}
 	if err != nil {
-		n.Detach(id)
-		return fmt.Errorf("network of %s: host end: %w", id, err)
+		n.Detach(host)
+		return fmt.Errorf("veth %s: host end: %w", host, err)
 	}
 	if err := n.configureInside(ns, addr); err != nil {
-		n.Detach(id)
-		return fmt.Errorf("network of %s: %w", id, err)
+		n.Detach(host)
+		return fmt.Errorf("veth %s: %w", host, err)
 	}
 	return nil
 }
@@ -280,9 +283,9 @@ func (n *Net) configureInside(ns netns.NsHandle, addr netip.Addr) error {
 	return nil
 }
 
-// Detach removes sandbox id's veth pair, if any.
-func (n *Net) Detach(id string) {
-	if link, err := netlink.LinkByName(VethName(id)); err == nil {
+// Detach removes the veth pair whose host end is host, if any.
+func (n *Net) Detach(host string) {
+	if link, err := netlink.LinkByName(host); err == nil {
 		netlink.LinkDel(link)
 	}
 }

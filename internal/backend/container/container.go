@@ -95,6 +95,9 @@ type record struct {
 	IP netip.Addr `json:"ip,omitzero"`
 	// CgroupID is the cgroup v2 id its egress rules are filed under.
 	CgroupID uint64 `json:"cgroup_id,omitempty"`
+	// Starts counts the containers started for it (create, resets,
+	// repairs): it names their veth pairs.
+	Starts int `json:"starts,omitempty"`
 	// acquired says the layer references are held (in memory only).
 	acquired bool
 }
@@ -492,7 +495,8 @@ func (b *Backend) Reset(ctx context.Context, id string) error {
 	if err := b.start(ctx, rec); err != nil {
 		return fmt.Errorf("reset sandbox %s: %w", id, err)
 	}
-	return nil
+	// Its cgroup (and so its egress key) is new.
+	return writeJSON(filepath.Join(dir, "sandbox.json"), rec)
 }
 
 // Pause implements backend.Backend.

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/vishvananda/netlink"
 
@@ -117,13 +118,21 @@ func (b *Backend) connect(ctx context.Context, rec *record) error {
 	if rec.CgroupID != 0 {
 		b.nets.egress.Forget(rec.CgroupID) // the cgroup of the container a reset replaced
 	}
+	t0 := time.Now()
 	if rec.CgroupID, err = b.nets.egress.Attach(cg); err != nil {
 		return err
 	}
+	t1 := time.Now()
 	if err := b.applyNetwork(ctx, rec, rec.Spec.Network); err != nil {
 		return err
 	}
-	return b.nets.net.Attach(rec.Spec.ID, st.InitPid, rec.IP)
+	t2 := time.Now()
+	rec.Starts++
+	if err := b.nets.net.Attach(sandboxnet.VethName(rec.Spec.ID, rec.Starts), st.InitPid, rec.IP); err != nil {
+		return err
+	}
+	b.log.Debug("connected", "sandbox", rec.Spec.ID, "attach", t1.Sub(t0), "rules", t2.Sub(t1), "veth", time.Since(t2))
+	return nil
 }
 
 // applyNetwork replaces the sandbox's egress rules by those of n.
@@ -143,7 +152,7 @@ func (b *Backend) disconnect(rec *record) {
 	if rec.CgroupID != 0 {
 		b.nets.egress.Forget(rec.CgroupID)
 	}
-	b.nets.net.Detach(rec.Spec.ID)
+	// The veth pair goes with the container's network namespace.
 	if rec.IP.IsValid() {
 		b.nets.net.Free(rec.Spec.ID, rec.IP)
 	}
