@@ -120,3 +120,46 @@ func TestNetworkModes(t *testing.T) {
 		}
 	})
 }
+
+// TestNetworkAfterRestart: a killed and restarted server finds its egress
+// maps again; rules hold, phase switches and resets still work, and a new
+// networked sandbox gets a fresh address.
+func TestNetworkAfterRestart(t *testing.T) {
+	out := testutil.NewOutside(t)
+	s := startServer(t, out.ServerFlags()...)
+	c := s.Client
+	sb := netSandbox(t, c, api.CreateSandboxRequest{
+		Phase: "work",
+		Phases: map[string]api.Phase{
+			"work": {Network: &api.Network{Mode: api.NetworkAllowlist, Allow: []string{out.Web + ":8080"}}},
+			"open": {Network: &api.Network{Mode: api.NetworkOpen}},
+		},
+	})
+	s.Kill()
+	s.Restart()
+	c = s.Client
+	if ok, msg := fetch(t, c, sb.ID, out.Web+":8080"); !ok {
+		t.Fatalf("allowlisted after restart: %s", msg)
+	}
+	if ok, _ := fetch(t, c, sb.ID, out.Other+":8080"); ok {
+		t.Fatal("the allowlist no longer holds after a restart")
+	}
+	if _, err := c.SetPhase(ctxT(t), sb.ID, "open"); err != nil {
+		t.Fatal(err)
+	}
+	if ok, msg := fetch(t, c, sb.ID, out.Other+":8080"); !ok {
+		t.Fatalf("phase open after restart: %s", msg)
+	}
+	if _, err := c.Reset(ctxT(t), sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if ok, msg := fetch(t, c, sb.ID, out.Other+":8080"); !ok {
+		t.Fatalf("after restart and reset: %s", msg)
+	}
+	other := netSandbox(t, c, api.CreateSandboxRequest{Network: &api.Network{Mode: api.NetworkOpen}})
+	a := sh(t, c, sb.ID, "ip -4 -o addr show eth0 | awk '{print $4}'")
+	b := sh(t, c, other.ID, "ip -4 -o addr show eth0 | awk '{print $4}'")
+	if a == b {
+		t.Fatalf("two sandboxes share address %s", a)
+	}
+}
