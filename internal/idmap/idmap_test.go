@@ -19,7 +19,7 @@ import (
 // with upper/ and work/.
 func setup(t testing.TB) (lower, upperRoot, target string) {
 	t.Helper()
-	testutil.Require(t, testutil.Root, testutil.Filesystem("overlay"))
+	testutil.Require(t, testutil.Root, testutil.Filesystem("overlay"), testutil.Tool("setpriv"))
 	dir := t.TempDir()
 	// The range's root must reach the overlay (as runc does in a sandbox).
 	os.Chmod(dir, 0o711)
