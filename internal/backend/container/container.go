@@ -323,12 +323,15 @@ func (b *Backend) start(ctx context.Context, rec *record) (err error) {
 	if err := os.MkdirAll(rootfs, 0o755); err != nil {
 		return fmt.Errorf("start sandbox %s: %w", id, err)
 	}
+	tDisk := time.Now()
 	if err := b.mountDisk(ctx, rec); err != nil {
 		return fmt.Errorf("start sandbox %s: %w", id, err)
 	}
+	tRoot := time.Now()
 	if err := b.mountRootfs(rec, rootfs); err != nil {
 		return fmt.Errorf("start sandbox %s: %w", id, err)
 	}
+	b.log.Debug("mounted", "sandbox", id, "disk", tRoot.Sub(tDisk), "rootfs", time.Since(tRoot))
 	defer func() {
 		if err != nil {
 			mount.Unmount(rootfs)
