@@ -1,12 +1,17 @@
 package main
 
 import (
+	"bytes"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"net/netip"
+	"os"
 	"strings"
 
+	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/backend/container"
+	"github.com/dsec-project/dsec/internal/policy"
 	"github.com/dsec-project/dsec/internal/sandboxnet"
 )
 
@@ -64,4 +69,30 @@ func split(s string) []string {
 		}
 	}
 	return out
+}
+
+// loadProfiles reads named policy profiles from a JSON file ("" is none).
+func loadProfiles(path string) (map[string]api.Profile, error) {
+	if path == "" {
+		return nil, nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--profiles: %w", err)
+	}
+	var profiles map[string]api.Profile
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&profiles); err != nil {
+		return nil, fmt.Errorf("--profiles %s: %w", path, err)
+	}
+	for name, p := range profiles {
+		if err := policy.CheckPhases(p.Phases, p.Phase); err != nil {
+			return nil, fmt.Errorf("--profiles %s: profile %s: %w", path, name, err)
+		}
+		if len(p.Phases) == 0 {
+			return nil, fmt.Errorf("--profiles %s: profile %s has no phases", path, name)
+		}
+	}
+	return profiles, nil
 }

@@ -107,6 +107,7 @@ func serverCmd(ctx context.Context, args []string) error {
 	busybox := fs.String("busybox", "/bin/busybox", "static busybox for the default base layer base:minimal (\"\" to skip)")
 	idle := fs.Duration("idle-timeout", 0, "destroy sandboxes idle this long unless their create sets idle_timeout_seconds (0: never)")
 	retention := fs.Duration("trajectory-retention", 7*24*time.Hour, "keep a trajectory this long after its newest step")
+	profilesFile := fs.String("profiles", "", "JSON file of named policy profiles: {\"name\": {\"phase\": …, \"phases\": {…}}}")
 	var nf nodeFlags
 	nf.register(fs)
 	if err := fs.Parse(args); err != nil {
@@ -158,8 +159,12 @@ func serverCmd(ctx context.Context, args []string) error {
 	if *idle < 0 || *retention <= 0 {
 		return errors.New("--idle-timeout must not be negative and --trajectory-retention must be positive")
 	}
+	profiles, err := loadProfiles(*profilesFile)
+	if err != nil {
+		return err
+	}
 	srv := server.New(server.Config{
-		Store: st, Layers: layers, TmpDir: filepath.Join(dataDir, "tmp"), Logger: log,
+		Store: st, Layers: layers, TmpDir: filepath.Join(dataDir, "tmp"), Logger: log, Profiles: profiles,
 		DefaultIdleTimeout: idle.Truncate(time.Second), TrajectoryRetention: *retention,
 	})
 	if err := srv.AddNode(ctx, "unix://"+edgeSock, ""); err != nil {
