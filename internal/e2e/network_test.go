@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"os"
 	"strings"
 	"testing"
 
@@ -49,6 +50,8 @@ func TestNetworkModes(t *testing.T) {
 	web8080, web8081 := out.Web+":8080", out.Web+":8081"
 	other := out.Other + ":8080"
 
+	shBefore, _ := os.ReadFile("/bin/sh")
+	nb := newNeighbour(t, c)
 	none := netSandbox(t, c, api.CreateSandboxRequest{})
 	allow := netSandbox(t, c, api.CreateSandboxRequest{Network: &api.Network{
 		Mode: api.NetworkAllowlist, Allow: []string{out.Web + ":8080"},
@@ -106,6 +109,12 @@ func TestNetworkModes(t *testing.T) {
 		if res.ExitCode == 0 {
 			t.Fatalf("ping (a raw socket) worked: %s", res.Stdout)
 		}
+	})
+
+	t.Run("the neighbour and the host are unaffected, the scanner resets", func(t *testing.T) {
+		nb.check(t)
+		hostOK(t, s, shBefore)
+		recovers(t, c, open.ID)
 	})
 
 	t.Run("reset keeps the network", func(t *testing.T) {

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"os"
 	"testing"
 	"time"
 
@@ -27,6 +28,8 @@ func TestPhases(t *testing.T) {
 	s := startServer(t, out.ServerFlags()...)
 	c := s.Client
 	ctx := ctxT(t)
+	shBefore, _ := os.ReadFile("/bin/sh")
+	nb := newNeighbour(t, c)
 	sb := netSandbox(t, c, api.CreateSandboxRequest{
 		Phase: "setup",
 		Phases: map[string]api.Phase{
@@ -123,6 +126,11 @@ func TestPhases(t *testing.T) {
 			}
 			time.Sleep(200 * time.Millisecond)
 		}
+	})
+
+	t.Run("the neighbour and the host are unaffected", func(t *testing.T) {
+		nb.check(t)
+		hostOK(t, s, shBefore)
 	})
 
 	t.Run("bad phase switches", func(t *testing.T) {
