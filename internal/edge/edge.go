@@ -65,8 +65,8 @@ type CreateRequest struct {
 	ID      string `json:"id"`
 	Backend string `json:"backend"`
 	// Layers are digests, base first.
-	Layers    []string          `json:"layers"`
-	Resources api.Resources     `json:"resources"`
+	Layers    []string      `json:"layers"`
+	Resources api.Resources `json:"resources"`
 	// Network and Files are the policy of Phase.
 	Network      api.Network       `json:"network"`
 	Files        api.FileRules     `json:"files,omitzero"`
