@@ -7,7 +7,7 @@ GO      ?= go
 DATA    ?= .dsec
 LISTEN  ?= 127.0.0.1:7070
 # Debian packages dsec needs on a node.
-DEBS    := runc erofs-utils busybox-static fuse3 iproute2 python3
+DEBS    := runc erofs-utils busybox-static fuse3 iproute2 python3 e2fsprogs nftables
 export PATH := $(PATH):/usr/local/go/bin
 
 .PHONY: all build run test deps check-go clean

@@ -3,9 +3,12 @@ module github.com/dsec-project/dsec
 go 1.26.8
 
 require (
+	github.com/cilium/ebpf v0.22.0
 	github.com/moby/profiles/seccomp v0.3.0
 	github.com/opencontainers/runtime-spec v1.3.0
 	github.com/prometheus/client_golang v1.25.0
+	github.com/vishvananda/netlink v1.3.1
+	github.com/vishvananda/netns v0.0.5
 	golang.org/x/sys v0.50.0
 	modernc.org/sqlite v1.62.0
 )

@@ -96,10 +96,16 @@ type CreateSandboxRequest struct {
 	Snapshot   string            `json:"snapshot,omitempty"`
 	Resources  Resources         `json:"resources,omitzero"`
 	Network    *Network          `json:"network,omitempty"`
-	Phase      string            `json:"phase,omitempty"`
+	Phases     map[string]Phase  `json:"phases,omitempty"`
+	Profile    string            `json:"profile,omitempty"`
+	Phase      string            `json:"phase,omitempty"` // the phase it starts in
 	TTLSeconds int64             `json:"ttl_seconds,omitempty"`
 	Labels     map[string]string `json:"labels,omitempty"`
 	Env        map[string]string `json:"env,omitempty"`
+
+	// IdleTimeoutSeconds destroys the sandbox after this long without
+	// activity; 0 means the server's default (by default: none).
+	IdleTimeoutSeconds int64 `json:"idle_timeout_seconds,omitempty"`
 }
 
 // Sandbox is a sandbox as the API shows it.
@@ -112,12 +118,29 @@ type Sandbox struct {
 	Snapshot  string            `json:"snapshot,omitempty"`
 	Resources Resources         `json:"resources"`
 	Network   Network           `json:"network"`
-	Phase     string            `json:"phase,omitempty"`
+	Phases    map[string]Phase  `json:"phases,omitempty"`
+	Profile   string            `json:"profile,omitempty"`
+	Phase     string            `json:"phase,omitempty"` // the current phase
 	Labels    map[string]string `json:"labels,omitempty"`
 	Env       map[string]string `json:"env,omitempty"`
-	Error     string            `json:"error,omitempty"` // why it failed
+	Error     string            `json:"error,omitempty"` // why it failed or was reaped
 	CreatedAt time.Time         `json:"created_at"`
 	ExpiresAt *time.Time        `json:"expires_at,omitempty"`
+
+	// The lease: it ends at ExpiresAt, which is created_at + TTLSeconds
+	// and, after a renew, the renew's time + its ttl (TTLSeconds if none).
+	TTLSeconds int64 `json:"ttl_seconds,omitempty"`
+	// IdleTimeoutSeconds, if set, destroys the sandbox after that long
+	// without activity (API calls on it, not processes running inside).
+	IdleTimeoutSeconds int64 `json:"idle_timeout_seconds,omitempty"`
+	// LastActiveAt is the last activity the server knows of.
+	LastActiveAt *time.Time `json:"last_active_at,omitempty"`
+}
+
+// RenewRequest is the body of POST /v1/sandboxes/{id}/renew. The lease
+// then ends TTLSeconds from now (0: the sandbox's own ttl_seconds).
+type RenewRequest struct {
+	TTLSeconds int64 `json:"ttl_seconds,omitempty"`
 }
 
 // SandboxList is one page of GET /v1/sandboxes.
@@ -126,10 +149,36 @@ type SandboxList struct {
 	NextPageToken string    `json:"next_page_token,omitempty"`
 }
 
-// Trajectory keys an exec into the trajectory log.
+// Trajectory keys an exec into the trajectory log: step Step of the
+// tenant's trajectory ID.
 type Trajectory struct {
 	ID   string `json:"id"`
 	Step int64  `json:"step"`
+}
+
+// Trajectory step states.
+const (
+	StepRunning = "running" // recorded before the command started; no result yet
+	StepDone    = "done"    // the result is recorded
+)
+
+// TrajectoryStep is one recorded step of a trajectory (without its output).
+type TrajectoryStep struct {
+	Step int64 `json:"step"`
+	// Fingerprint is the SHA-256 of what the command runs: argv (a shell
+	// string as /bin/sh -c), env, cwd and stdin.
+	Fingerprint string     `json:"fingerprint"`
+	Sandbox     string     `json:"sandbox"`
+	State       string     `json:"state"`
+	ExitCode    *int       `json:"exit_code,omitempty"`
+	StartedAt   time.Time  `json:"started_at"`
+	RecordedAt  *time.Time `json:"recorded_at,omitempty"`
+}
+
+// TrajectoryLog is the body of GET /v1/trajectories/{id}.
+type TrajectoryLog struct {
+	ID    string           `json:"id"`
+	Steps []TrajectoryStep `json:"steps"`
 }
 
 // ExecRequest is the body of POST /v1/sandboxes/{id}/exec. Exactly one of
@@ -145,6 +194,8 @@ type ExecRequest struct {
 	MaxOutputBytes int64             `json:"max_output_bytes,omitempty"`
 	Trajectory     *Trajectory       `json:"trajectory,omitempty"`
 	Background     bool              `json:"background,omitempty"`
+	// Tag labels a background process, to find it again in the list.
+	Tag string `json:"tag,omitempty"`
 }
 
 // ExecResult is the outcome of a command. Stdout and Stderr hold the bytes
@@ -186,6 +237,7 @@ type Process struct {
 	ExitedAt   *time.Time  `json:"exited_at,omitempty"`
 	Result     *ExecResult `json:"result,omitempty"` // once exited
 	OutputSize int64       `json:"output_size"`      // bytes produced so far
+	Tag        string      `json:"tag,omitempty"`    // as given to exec
 }
 
 // FileInfo is one entry of a directory listing (GET files?list=1).

@@ -159,6 +159,18 @@ func (c *Client) WaitProcess(ctx context.Context, id, proc string, timeout time.
 	return &p, nil
 }
 
+// WaitProcessOutput is WaitProcess, and once the process exited its
+// result also carries what the sandbox still holds of its stdout and
+// stderr (the last max_output_bytes of each).
+func (c *Client) WaitProcessOutput(ctx context.Context, id, proc string, timeout time.Duration) (*api.Process, error) {
+	var p api.Process
+	q := url.Values{"timeout_ms": {strconv.FormatInt(timeout.Milliseconds(), 10)}, "output": {"1"}}
+	if err := c.do(ctx, http.MethodGet, procPath(id, proc)+"/wait", q, nil, &p); err != nil {
+		return nil, err
+	}
+	return &p, nil
+}
+
 // Output is a piece of a background process's output.
 type Output struct {
 	Data []byte

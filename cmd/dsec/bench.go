@@ -12,7 +12,7 @@ import (
 
 func benchCmd(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return errors.New("usage: dsec bench create|fncall|batch [flags]")
+		return errors.New("usage: dsec bench create|fncall|batch|trajectory [flags]")
 	}
 	sub, args := args[0], args[1:]
 	fs := flag.NewFlagSet("dsec bench "+sub, flag.ContinueOnError)
@@ -28,6 +28,7 @@ func benchCmd(ctx context.Context, args []string) error {
 		fs.BoolVar(&cfg.Baseline, "baseline", true, "also time bare `runc run` (needs root, on the server's machine)")
 		fs.StringVar(&cfg.WorkDir, "workdir", os.TempDir(), "scratch directory for the baseline")
 		fs.StringVar(&cfg.Runc, "runc", "runc", "runc binary for the baseline")
+		fs.StringVar(&cfg.Network, "network", "none", "network mode of the sandboxes: none, or open (the node needs --net-subnet)")
 		if _, _, err := parseArgs(fs, args); err != nil {
 			return err
 		}
@@ -62,6 +63,16 @@ func benchCmd(ctx context.Context, args []string) error {
 		}
 		cfg.Client = newClient()
 		return bench.Batch(ctx, cfg)
+	case "trajectory":
+		cfg := bench.TrajectoryConfig{Out: os.Stdout}
+		fs.StringVar(&cfg.Base, "base", "base:minimal", "base layer")
+		fs.IntVar(&cfg.Steps, "steps", 200, "steps per measure")
+		fs.IntVar(&cfg.Concurrency, "concurrency", 16, "trainers at a time in the throughput measure")
+		if _, _, err := parseArgs(fs, args); err != nil {
+			return err
+		}
+		cfg.Client = newClient()
+		return bench.Trajectory(ctx, cfg)
 	}
 	return fmt.Errorf("unknown benchmark %q", sub)
 }

@@ -24,13 +24,14 @@ Server side:
   dsec edge [flags]              a node agent serving the edge API over TCP
 
 Client side (DSEC_URL, DSEC_API_KEY or --url, --key):
-  dsec sandbox create|ls|get|rm|exec|cp|reset|pause|resume
+  dsec sandbox create|ls|get|rm|exec|cp|reset|pause|resume|renew
+  dsec trajectory get|rm
   dsec layer build|import|ls|get
   dsec tenant create|ls
   dsec key create|rm
   dsec fncall [flags] -- CMD...    one call on a warm pool; also: dsec fncall pools|warm
   dsec node ls
-  dsec bench create|fncall|batch
+  dsec bench create|fncall|batch|trajectory
 
 Run "dsec COMMAND -h" for a command's flags.
 `
@@ -71,6 +72,8 @@ func run(ctx context.Context, args []string) error {
 		return sandboxCmd(ctx, rest)
 	case "layer":
 		return layerCmd(ctx, rest)
+	case "trajectory", "traj":
+		return trajectoryCmd(ctx, rest)
 	case "tenant":
 		return tenantCmd(ctx, rest)
 	case "key":

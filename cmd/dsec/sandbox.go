@@ -19,7 +19,7 @@ import (
 
 func sandboxCmd(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return errors.New("usage: dsec sandbox create|ls|get|rm|exec|cp|reset|pause|resume")
+		return errors.New("usage: dsec sandbox create|ls|get|rm|exec|cp|reset|pause|resume|renew")
 	}
 	sub, args := args[0], args[1:]
 	fs := flag.NewFlagSet("dsec sandbox "+sub, flag.ContinueOnError)
@@ -51,6 +51,15 @@ func sandboxCmd(ctx context.Context, args []string) error {
 				_, err = c.Pause(ctx, id)
 			default:
 				_, err = c.Resume(ctx, id)
+			}
+			return err
+		})
+	case "renew":
+		ttl := fs.Duration("ttl", 0, "the lease ends this long from now (default: the sandbox's ttl)")
+		return withIDs(ctx, fs, newClient, args, -1, func(c *client.Client, id string) error {
+			sb, err := c.Renew(ctx, id, *ttl)
+			if err == nil {
+				fmt.Printf("%s\t%s\n", sb.ID, sb.ExpiresAt.Local().Format(time.DateTime))
 			}
 			return err
 		})
@@ -93,7 +102,8 @@ func sandboxCreate(ctx context.Context, fs *flag.FlagSet, newClient func() *clie
 	fs.Int64Var(&req.Resources.MemoryMB, "memory", 0, "memory limit, MB")
 	fs.Int64Var(&req.Resources.DiskMB, "disk", 0, "writable layer size, MB")
 	fs.Int64Var(&req.Resources.Pids, "pids", 0, "process limit")
-	ttl := fs.Duration("ttl", 0, "lifetime (default: the server's)")
+	ttl := fs.Duration("ttl", 0, "lease, renewable with renew (default: the server's)")
+	idle := fs.Duration("idle-timeout", 0, "destroy it after this long without API activity (default: the server's)")
 	fs.Var(&labels, "label", "KEY=VALUE label (repeatable)")
 	fs.Var(&env, "env", "KEY=VALUE environment variable (repeatable)")
 	jsonOut := fs.Bool("json", false, "print the whole sandbox as JSON instead of its id")
@@ -102,6 +112,7 @@ func sandboxCreate(ctx context.Context, fs *flag.FlagSet, newClient func() *clie
 		return err
 	}
 	req.TTLSeconds = int64(ttl.Seconds())
+	req.IdleTimeoutSeconds = int64(idle.Seconds())
 	var err error
 	if req.Labels, err = keyValues(labels, "label"); err != nil {
 		return err
@@ -170,6 +181,8 @@ func sandboxExec(ctx context.Context, fs *flag.FlagSet, newClient func() *client
 	cwd := fs.String("cwd", "", "working directory")
 	timeout := fs.Duration("timeout", 0, "kill the command after this long (default: the server's)")
 	stdin := fs.Bool("i", false, "send this program's stdin to the command")
+	traj := fs.String("trajectory", "", "record the command as a step of this trajectory (replayed if already recorded)")
+	step := fs.Int64("step", 0, "the step number, with --trajectory")
 	fs.Var(&env, "env", "KEY=VALUE (repeatable)")
 	pos, cmd, err := parseArgs(fs, args)
 	if err != nil {
@@ -179,6 +192,9 @@ func sandboxExec(ctx context.Context, fs *flag.FlagSet, newClient func() *client
 		return errors.New("usage: dsec sandbox exec [flags] ID -- CMD [ARGS...]  (or --shell STRING)")
 	}
 	req := api.ExecRequest{Cmd: cmd, Shell: *shell, Cwd: *cwd, TimeoutMs: timeout.Milliseconds()}
+	if *traj != "" {
+		req.Trajectory = &api.Trajectory{ID: *traj, Step: *step}
+	}
 	if req.Env, err = keyValues(env, "env"); err != nil {
 		return err
 	}
@@ -210,6 +226,9 @@ func sandboxExec(ctx context.Context, fs *flag.FlagSet, newClient func() *client
 	}
 	if res.TimedOut {
 		fmt.Fprintln(os.Stderr, "dsec: command timed out")
+	}
+	if res.Replayed {
+		fmt.Fprintln(os.Stderr, "dsec: replayed from the trajectory log; nothing ran")
 	}
 	if res.ExitCode != 0 {
 		return exitError(res.ExitCode)

@@ -30,6 +30,8 @@ type nodeFlags struct {
 	runc         string
 	cgroupParent string
 	maxFileBytes int64
+	uidBase      uint
+	net          netFlags
 	debug        bool
 }
 
@@ -40,6 +42,8 @@ func (n *nodeFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&n.runc, "runc", "runc", "runc binary")
 	fs.StringVar(&n.cgroupParent, "cgroup-parent", "dsec", "cgroup under which sandboxes' cgroups are made")
 	fs.Int64Var(&n.maxFileBytes, "max-file-bytes", 100<<20, "largest file a sandbox's files API reads or writes")
+	fs.UintVar(&n.uidBase, "uid-base", 1<<24, "first host uid of the sandboxes' id ranges (65536 ids each)")
+	n.net.register(fs)
 	fs.BoolVar(&n.debug, "debug", false, "debug logging")
 }
 
@@ -76,9 +80,14 @@ func (n *nodeFlags) startEdge(ctx context.Context, dataDir string, layers edge.L
 	if err != nil {
 		return nil, nil, err
 	}
+	netCfg, err := n.net.config()
+	if err != nil {
+		return nil, nil, err
+	}
 	cb, err := container.New(container.Config{
 		Root: filepath.Join(dataDir, "container"), Runc: n.runc, AgentPath: agent, Logger: log,
-		CgroupParent: n.cgroupParent, MaxFileBytes: n.maxFileBytes,
+		CgroupParent: n.cgroupParent, MaxFileBytes: n.maxFileBytes, UIDBase: uint32(n.uidBase),
+		Network: netCfg,
 	})
 	if err != nil {
 		return nil, nil, err
@@ -104,6 +113,9 @@ func serverCmd(ctx context.Context, args []string) error {
 	fs.DurationVar(&fc.IdleTimeout, "fncall-idle", fc.IdleTimeout, "how long a FnCall sandbox beyond demand stays idle before it is destroyed")
 	fs.DurationVar(&fc.Window, "fncall-window", fc.Window, "how long past demand sizes a FnCall pool")
 	batchParallel := fs.Int("batch-parallel", 8, "sandboxes of a batch built at once on each node")
+	idle := fs.Duration("idle-timeout", 0, "destroy sandboxes idle this long unless their create sets idle_timeout_seconds (0: never)")
+	retention := fs.Duration("trajectory-retention", 7*24*time.Hour, "keep a trajectory this long after its newest step")
+	profilesFile := fs.String("profiles", "", "JSON file of named policy profiles: {\"name\": {\"phase\": …, \"phases\": {…}}}")
 	var nf nodeFlags
 	nf.register(fs)
 	if err := fs.Parse(args); err != nil {
@@ -152,8 +164,16 @@ func serverCmd(ctx context.Context, args []string) error {
 	go edgeSrv.Serve(el)
 	defer edgeSrv.Close()
 
+	if *idle < 0 || *retention <= 0 {
+		return errors.New("--idle-timeout must not be negative and --trajectory-retention must be positive")
+	}
+	profiles, err := loadProfiles(*profilesFile)
+	if err != nil {
+		return err
+	}
 	srv := server.New(server.Config{
-		Store: st, Layers: layers, TmpDir: filepath.Join(dataDir, "tmp"), Logger: log,
+		Store: st, Layers: layers, TmpDir: filepath.Join(dataDir, "tmp"), Logger: log, Profiles: profiles,
+		DefaultIdleTimeout: idle.Truncate(time.Second), TrajectoryRetention: *retention,
 		FnCall: fc, BatchParallel: *batchParallel,
 	})
 	if err := srv.AddNode(ctx, "unix://"+edgeSock, ""); err != nil {

@@ -178,3 +178,9 @@ func readError(ctx context.Context, err error) error {
 	}
 	return fmt.Errorf("agent: %w: %w", errdefs.ErrUnavailable, err)
 }
+
+// SetPolicy replaces the rules commands started from now on run under.
+func (c *Client) SetPolicy(ctx context.Context, p *Policy) error {
+	var got Policy
+	return c.call(ctx, http.MethodPut, "/policy", p, &got)
+}

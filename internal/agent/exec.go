@@ -28,6 +28,7 @@ const (
 	maxMaxOutput     = 64 << 20
 	// maxExecBody fits the largest stdin the agent takes, base64 and all.
 	maxExecBody = 96 << 20
+	maxTag      = 512
 	defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 	ndjson      = "application/x-ndjson"
 )
@@ -64,10 +65,38 @@ func acceptsNDJSON(r *http.Request) bool {
 	return false
 }
 
+// CheckExec validates an exec request as the agent would, without
+// running anything: the control plane calls it before it records a
+// trajectory step, so that a request the agent would refuse is refused
+// before anything is written.
+func CheckExec(req *api.ExecRequest) error {
+	_, err := parse(req)
+	return err
+}
+
 // prepare validates a request and resolves what it runs. A command that
 // cannot start (missing executable or cwd) is not an error here: the spec
 // carries the failure to be reported as the command's result.
 func prepare(req *api.ExecRequest) (*execSpec, error) {
+	spec, err := parse(req)
+	if err != nil {
+		return nil, err
+	}
+	if spec.env, err = mergeEnv(os.Environ(), req.Env); err != nil {
+		return nil, err
+	}
+	spec.argv0, spec.fail = resolve(spec.argv[0], spec.dir, spec.env)
+	return spec, nil
+}
+
+// parse checks a request and turns it into a spec without its
+// environment and executable, which depend on the sandbox.
+func parse(req *api.ExecRequest) (*execSpec, error) {
+	if req.Trajectory != nil {
+		// The control plane records trajectory steps and hands the agent
+		// plain execs: one that reaches here unrecorded must not run.
+		return nil, errdefs.Invalid("an exec with a trajectory must go through the control plane")
+	}
 	var argv []string
 	switch {
 	case len(req.Cmd) > 0 && req.Shell != "":
@@ -85,9 +114,10 @@ func prepare(req *api.ExecRequest) (*execSpec, error) {
 	if slices.ContainsFunc(argv, hasNUL) {
 		return nil, errdefs.Invalid("command contains a NUL byte")
 	}
-	env, err := mergeEnv(os.Environ(), req.Env)
-	if err != nil {
-		return nil, err
+	for k, v := range req.Env {
+		if k == "" || strings.ContainsRune(k, '=') || hasNUL(k) || hasNUL(v) {
+			return nil, errdefs.Invalid("env: bad variable %q", k)
+		}
 	}
 	dir := req.Cwd
 	if dir == "" {
@@ -96,7 +126,7 @@ func prepare(req *api.ExecRequest) (*execSpec, error) {
 	if !filepath.IsAbs(dir) || hasNUL(dir) {
 		return nil, errdefs.Invalid("cwd %q is not an absolute path", dir)
 	}
-	spec := &execSpec{argv: argv, env: env, dir: dir, timeout: defaultTimeout, maxOutput: defaultMaxOutput}
+	spec := &execSpec{argv: argv, dir: dir, timeout: defaultTimeout, maxOutput: defaultMaxOutput}
 	switch ms := req.TimeoutMs; {
 	case ms < 0 || ms > maxTimeoutMs:
 		return nil, errdefs.Invalid("timeout_ms %d is out of range [0, %d]", ms, maxTimeoutMs)
@@ -111,6 +141,7 @@ func prepare(req *api.ExecRequest) (*execSpec, error) {
 	case n > 0:
 		spec.maxOutput = int(n)
 	}
+	var err error
 	switch req.StdinEncoding {
 	case api.EncodingUTF8:
 		spec.stdin = []byte(req.Stdin)
@@ -124,7 +155,13 @@ func prepare(req *api.ExecRequest) (*execSpec, error) {
 	if len(spec.stdin) == 0 {
 		spec.stdin = nil
 	}
-	spec.argv0, spec.fail = resolve(argv[0], dir, env)
+	switch {
+	case req.Tag != "" && !req.Background:
+		return nil, errdefs.Invalid("tag is only for background execs")
+	case len(req.Tag) > maxTag || hasNUL(req.Tag):
+		return nil, errdefs.Invalid("tag is longer than %d bytes or has a NUL byte", maxTag)
+	}
+	spec.tag = req.Tag
 	return spec, nil
 }
 

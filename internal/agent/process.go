@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -75,6 +76,7 @@ type execSpec struct {
 	timeout   time.Duration
 	maxOutput int
 	fail      *startError // set when it cannot start: report it, do not fork
+	tag       string      // of a background process
 }
 
 // stdio are the pipes of a command: the child's ends and ours.
@@ -154,11 +156,15 @@ func (s *Server) start(spec *execSpec, stdout, stderr io.Writer) (*command, erro
 		Sys:   &syscall.SysProcAttr{Setpgid: true},
 	}
 	started := time.Now()
-	ch, err := s.reaper.start(spec.argv0, spec.argv, attr)
+	ch, err := s.reaper.start(spec.argv0, spec.argv, attr, s.forker())
 	pipes.closeChild()
 	if err != nil {
 		pipes.closeParent()
 		return nil, err
+	}
+	if s.protected {
+		// The agent is shielded from the OOM killer; its commands are not.
+		_ = os.WriteFile("/proc/"+strconv.Itoa(ch.pid)+"/oom_score_adj", []byte("0"), 0)
 	}
 	c := &command{child: ch, io: pipes, started: started}
 	c.pumps.Add(2)

@@ -30,6 +30,7 @@ const (
 type proc struct {
 	n              int // its number, in start order
 	id             string
+	tag            string
 	child          *child // nil if it never started
 	started        time.Time
 	stdout, stderr *output
@@ -43,7 +44,7 @@ type proc struct {
 func (p *proc) view() api.Process {
 	out, _ := p.stdout.size()
 	errOut, _ := p.stderr.size()
-	v := api.Process{ID: p.id, StartedAt: p.started, OutputSize: out + errOut}
+	v := api.Process{ID: p.id, StartedAt: p.started, OutputSize: out + errOut, Tag: p.tag}
 	if p.child != nil {
 		v.Pid = p.child.pid
 	}
@@ -131,6 +132,7 @@ func (s *Server) execBackground(w http.ResponseWriter, r *http.Request, spec *ex
 		stderr:  newOutput(spec.maxOutput),
 		started: time.Now(),
 		done:    make(chan struct{}),
+		tag:     spec.tag,
 	}
 	c, err := s.start(spec, p.stdout, p.stderr)
 	var se *startError
@@ -198,10 +200,16 @@ func (s *Server) handleDeleteProc(w http.ResponseWriter, r *http.Request) {
 }
 
 // handleWait blocks until the process exits, timeout_ms passes (if given)
-// or the client goes away.
+// or the client goes away. With output=1, the result of an exited process
+// carries what the rings still hold of its stdout and stderr.
 func (s *Server) handleWait(w http.ResponseWriter, r *http.Request) {
 	p := s.proc(w, r)
 	if p == nil {
+		return
+	}
+	withOutput, err := queryBool(r, "output")
+	if err != nil {
+		s.writeError(w, r, err)
 		return
 	}
 	var expired <-chan time.Time
@@ -222,6 +230,13 @@ func (s *Server) handleWait(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	v := p.view()
+	if withOutput && v.Result != nil {
+		res := *v.Result
+		out, _ := p.stdout.read(0, nil)
+		errOut, _ := p.stderr.read(0, nil)
+		setOutput(&res, out, errOut)
+		v.Result = &res
+	}
 	writeJSON(w, http.StatusOK, &v)
 }
 

@@ -1,6 +1,7 @@
 package agent_test
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/agent"
+	"github.com/dsec-project/dsec/internal/errdefs"
 	"github.com/dsec-project/dsec/internal/testutil"
 )
 
@@ -147,6 +149,43 @@ func TestBackground(t *testing.T) {
 		}
 		if got, _, _, _ := a.output(t, p.ID, "stream=stderr"); !strings.Contains(got, "command not found") {
 			t.Errorf("stderr %q", got)
+		}
+	})
+	t.Run("wait with output", func(t *testing.T) {
+		p := a.startBackground(t, api.ExecRequest{Shell: "echo outt; printf 'e\\377' >&2; exit 5", MaxOutputBytes: 4})
+		done := a.process(t, "/procs/"+p.ID+"/wait?output=1")
+		r := done.Result
+		if r == nil || r.ExitCode != 5 || r.Encoding != api.EncodingBase64 || !r.Truncated || r.StdoutDropped != 1 {
+			t.Fatalf("result %+v", r)
+		}
+		if out, _ := r.StdoutBytes(); string(out) != "utt\n" { // the last 4 bytes
+			t.Errorf("stdout %q", out)
+		}
+		if errOut, _ := r.StderrBytes(); string(errOut) != "e\xff" {
+			t.Errorf("stderr %q", errOut)
+		}
+		if plain := a.process(t, "/procs/"+p.ID+"/wait"); plain.Result.Stdout != "" {
+			t.Errorf("wait without output=1 sent output: %+v", plain.Result)
+		}
+		resp, body := a.do("GET", "/procs/"+p.ID+"/wait?output=maybe", nil)
+		wantError(t, resp, body, api.CodeInvalid)
+	})
+	t.Run("tag", func(t *testing.T) {
+		p := a.startBackground(t, api.ExecRequest{Shell: "true", Tag: "trajectory:x/1"})
+		if p.Tag != "trajectory:x/1" {
+			t.Fatalf("started process %+v", p)
+		}
+		if got := a.process(t, "/procs/"+p.ID); got.Tag != p.Tag {
+			t.Fatalf("read back %+v", got)
+		}
+		for name, req := range map[string]api.ExecRequest{
+			"not background": {Shell: "true", Tag: "x"},
+			"too long":       {Shell: "true", Tag: strings.Repeat("x", 513), Background: true},
+			"trajectory":     {Shell: "true", Trajectory: &api.Trajectory{ID: "x"}},
+		} {
+			if _, err := a.Exec(t.Context(), &req); !errors.Is(err, errdefs.ErrInvalid) {
+				t.Errorf("%s: got %v, want invalid", name, err)
+			}
 		}
 	})
 	t.Run("timeout", func(t *testing.T) {

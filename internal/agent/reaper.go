@@ -81,13 +81,22 @@ func (r *reaper) reap() {
 
 // start forks and execs a process in its own process group and registers
 // it before anyone can reap it. Failures to exec are *startError.
-func (r *reaper) start(argv0 string, argv []string, attr *syscall.ProcAttr) (*child, error) {
+//
+// With fork, the process is forked by fork (a confined thread) instead
+// of the calling thread.
+func (r *reaper) start(argv0 string, argv []string, attr *syscall.ProcAttr, fork forkFunc) (*child, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.stopped {
 		return nil, fmt.Errorf("start %s: agent is shutting down: %w", argv0, errdefs.ErrUnavailable)
 	}
-	pid, err := syscall.ForkExec(argv0, argv, attr)
+	if fork == nil {
+		fork = syscall.ForkExec
+	}
+	pid, err := fork(argv0, argv, attr)
+	if errors.As(err, new(*confineError)) {
+		return nil, err
+	}
 	if err != nil {
 		return nil, execError(argv0, err)
 	}

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -32,6 +33,9 @@ type Config struct {
 	ShutdownGrace time.Duration
 	Version       string
 	Log           *slog.Logger
+	// NoConfine runs commands without Landlock: for tests outside a
+	// sandbox only.
+	NoConfine bool
 }
 
 // Health is the body of GET /healthz.
@@ -50,6 +54,18 @@ type Server struct {
 	procs  *procTable
 	http   *http.Server
 	reqs   atomic.Int64
+	// noConfine turns Landlock off (tests that run the agent outside a
+	// sandbox).
+	noConfine bool
+	// protected: PID 1 of a sandbox, whose OOM score the edge lowers;
+	// commands get theirs back to 0.
+	protected bool
+
+	// policyMu guards the current phase's rules and its spawner.
+	policyMu sync.Mutex
+	files    FileRules
+	phase    string
+	spawner  *spawner // nil until the phase's first command
 }
 
 // New makes the calling process the agent: non-dumpable, the reaper of its
@@ -68,7 +84,8 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open root %s: %w", cfg.Root, err)
 	}
-	s := &Server{cfg: cfg, root: root, procs: newProcTable()}
+	s := &Server{cfg: cfg, root: root, procs: newProcTable(), noConfine: cfg.NoConfine}
+	s.protected = os.Getpid() == 1
 	// Fail now rather than on every file request if the kernel or a
 	// seccomp profile lacks openat2.
 	fd, err := s.openIn(".", unix.O_PATH|unix.O_DIRECTORY)
@@ -107,6 +124,8 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /files", s.handleGetFile)
 	mux.HandleFunc("PUT /files", s.handlePutFile)
 	mux.HandleFunc("DELETE /files", s.handleDeleteFile)
+	mux.HandleFunc("GET /policy", s.handleGetPolicy)
+	mux.HandleFunc("PUT /policy", s.handlePutPolicy)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, errdefs.NotFound("route %s %s", r.Method, r.URL.Path))
 	})

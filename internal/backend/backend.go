@@ -49,11 +49,30 @@ type Spec struct {
 	ID      string `json:"id"`
 	Backend string `json:"backend"`
 	// Layers are the read-only layers, bottom (base) first.
-	Layers    []Layer           `json:"layers"`
-	Resources api.Resources     `json:"resources"`
-	Network   api.Network       `json:"network"`
-	Env       map[string]string `json:"env,omitempty"`
-	Phase     string            `json:"phase,omitempty"`
+	Layers    []Layer       `json:"layers"`
+	Resources api.Resources `json:"resources"`
+	// Network and Files are the policy of the current Phase.
+	Network api.Network       `json:"network"`
+	Files   api.FileRules     `json:"files,omitzero"`
+	Env     map[string]string `json:"env,omitempty"`
+	Phase   string            `json:"phase,omitempty"`
+	// NeedsNetwork says some phase may reach beyond the sandbox: it gets
+	// a network interface even while its current phase has none.
+	NeedsNetwork bool `json:"needs_network,omitempty"`
+}
+
+// Policy is what a sandbox enforces in one phase.
+type Policy struct {
+	Phase   string        `json:"phase"`
+	Network api.Network   `json:"network"`
+	Files   api.FileRules `json:"files"`
+}
+
+// Phaser is implemented by backends that switch a running sandbox to
+// another policy phase without restarting it: when SetPhase returns, every
+// command started afterwards runs under p.
+type Phaser interface {
+	SetPhase(ctx context.Context, id string, p Policy) error
 }
 
 // Layer is one read-only layer image available on this node.

@@ -4,6 +4,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -36,14 +37,16 @@ type CreateConfig struct {
 	Baseline bool
 	WorkDir  string
 	Runc     string
-	Out      io.Writer
+	// Network is the sandboxes' network mode ("" is none).
+	Network string
+	Out     io.Writer
 }
 
 // Create runs the create benchmark and prints its report.
 func Create(ctx context.Context, cfg CreateConfig) error {
 	w := cfg.Out
-	fmt.Fprintf(w, "dsec bench create: base %s, %d sequential, %d parallel (%d at a time), %d warm execs\n\n",
-		cfg.Base, cfg.Sequential, cfg.Parallel, cfg.Concurrency, cfg.Execs)
+	fmt.Fprintf(w, "dsec bench create: base %s, network %s, %d sequential, %d parallel (%d at a time), %d warm execs\n\n",
+		cfg.Base, cmp.Or(cfg.Network, api.NetworkNone), cfg.Sequential, cfg.Parallel, cfg.Concurrency, cfg.Execs)
 
 	seq, err := cycles(ctx, cfg, cfg.Sequential, 1)
 	if err != nil {
@@ -125,6 +128,7 @@ func cycles(ctx context.Context, cfg CreateConfig, n, conc int) (cycleResult, er
 			t0 := time.Now()
 			sb, err := cfg.Client.CreateSandbox(ctx, &api.CreateSandboxRequest{
 				Layers: &api.LayerRefs{Base: cfg.Base}, Resources: api.Resources{CPU: 0.5, MemoryMB: 128},
+				Network: &api.Network{Mode: cmp.Or(cfg.Network, api.NetworkNone)},
 			})
 			if err == nil {
 				_, err = cfg.Client.Exec(ctx, sb.ID, &api.ExecRequest{Cmd: []string{"true"}})

@@ -1,73 +1,256 @@
 package e2e
 
 import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/client"
+	"github.com/dsec-project/dsec/internal/testutil"
 )
 
-// TestServerRestart kills the all-in-one server with SIGKILL and starts it
-// again: records and running sandboxes are still there and usable, with
-// their files and their background processes, and nothing is duplicated.
-func TestServerRestart(t *testing.T) {
-	s := startServer(t)
-	c := s.Client
-	ctx := ctxT(t)
-	tn, err := c.CreateTenant(ctx, "survivor")
+// tenantClient makes a tenant and a key for it.
+func tenantClient(t *testing.T, s *testutil.Server, name string) (*client.Client, string) {
+	t.Helper()
+	tn, err := s.Client.CreateTenant(ctxT(t), name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var boxes []*api.Sandbox
-	var procs []string
-	for i := range 3 {
-		sb := newSandbox(t, c, nil)
-		sh(t, c, sb.ID, "echo turn-"+string(rune('a'+i))+" > /state")
-		res, err := c.Exec(ctx, sb.ID, &api.ExecRequest{Shell: "i=0; while true; do i=$((i+1)); echo tick $i; sleep 0.2; done", Background: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		boxes, procs = append(boxes, sb), append(procs, res.Process.ID)
+	k, err := s.Client.CreateKey(ctxT(t), tn.ID, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return client.New(s.URL, k.Secret), tn.ID
+}
+
+// runcContainers lists the containers runc runs for the server.
+func runcContainers(t *testing.T, s *testutil.Server) []string {
+	t.Helper()
+	out, err := exec.Command("runc", "--root", filepath.Join(s.DataDir, "edge", "container", "runc"), "list", "-q").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Fields(string(out))
+}
+
+// TestServerRestart kills the all-in-one server with SIGKILL while twenty
+// sandboxes run background processes, and starts it again: every sandbox
+// is still there, once, with its files; its process kept running through
+// the restart; and another client of the tenant, with another key,
+// reattaches to the process by id and reads its output as it continues.
+func TestServerRestart(t *testing.T) {
+	s := startServer(t)
+	c, tenant := tenantClient(t, s, "survivor")
+	const n = 20
+	boxes := make([]*api.Sandbox, n)
+	procs := make([]string, n)
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sb, err := c.CreateSandbox(ctxT(t), &api.CreateSandboxRequest{
+				Layers: &api.LayerRefs{Base: "base:minimal"}, Resources: api.Resources{MemoryMB: 64, CPU: 0.1},
+			})
+			if err != nil {
+				errs <- err
+				return
+			}
+			boxes[i] = sb
+			if _, err := c.Exec(ctxT(t), sb.ID, &api.ExecRequest{Shell: fmt.Sprintf("echo box-%d > /state", i)}); err != nil {
+				errs <- err
+				return
+			}
+			res, err := c.Exec(ctxT(t), sb.ID, &api.ExecRequest{
+				Shell: "i=0; while true; do i=$((i+1)); echo tick $i; sleep 0.2; done", Background: true,
+			})
+			if err != nil {
+				errs <- err
+				return
+			}
+			procs[i] = res.Process.ID
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
 	}
 
 	s.Kill()
 	s.Restart()
-	c = s.Client
 
-	if _, err := c.ListTenants(ctx); err != nil {
-		t.Fatalf("admin key after restart: %v", err)
+	// Another client of the same tenant, with a key of its own.
+	k, err := s.Client.CreateKey(ctxT(t), tenant, false)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if ts, _ := c.ListTenants(ctx); len(ts) != 2 || (ts[0].ID != tn.ID && ts[1].ID != tn.ID) {
-		t.Fatalf("tenants after restart: %+v", ts)
+	c2 := client.New(s.URL, k.Secret)
+	ctx := ctxT(t)
+	list, err := c2.ListSandboxes(ctx, client.ListOptions{})
+	if err != nil || len(list.Sandboxes) != n {
+		t.Fatalf("after restart %d sandboxes listed (%v), want %d", len(list.Sandboxes), err, n)
 	}
-	list, err := c.ListSandboxes(ctx, client.ListOptions{})
-	if err != nil || len(list.Sandboxes) != len(boxes) {
-		t.Fatalf("after restart %d sandboxes listed (%v), want %d", len(list.Sandboxes), err, len(boxes))
+	if got := runcContainers(t, s); len(got) != n {
+		t.Fatalf("after restart runc runs %d containers, want %d: %v", len(got), n, got)
 	}
 	for i, sb := range boxes {
-		got, err := c.GetSandbox(ctx, sb.ID)
+		got, err := c2.GetSandbox(ctx, sb.ID)
 		if err != nil || got.State != api.StateRunning {
 			t.Fatalf("sandbox %s after restart: %+v %v", sb.ID, got, err)
 		}
-		if out := sh(t, c, sb.ID, "cat /state"); out != "turn-"+string(rune('a'+i))+"\n" {
+		if out := sh(t, c2, sb.ID, "cat /state"); out != fmt.Sprintf("box-%d\n", i) {
 			t.Fatalf("state of %s after restart: %q", sb.ID, out)
 		}
-		p, err := c.GetProcess(ctx, sb.ID, procs[i])
+		p, err := c2.GetProcess(ctx, sb.ID, procs[i])
 		if err != nil || !p.Running {
 			t.Fatalf("background process of %s after restart: %+v %v", sb.ID, p, err)
 		}
-		first, err := c.ReadOutput(ctx, sb.ID, procs[i], "stdout", 0)
-		if err != nil {
-			t.Fatal(err)
+		first, err := c2.ReadOutput(ctx, sb.ID, procs[i], "stdout", 0)
+		if err != nil || !strings.HasPrefix(string(first.Data), "tick 1\n") {
+			t.Fatalf("output of %s after restart: %q %v", sb.ID, first.Data, err)
 		}
-		time.Sleep(500 * time.Millisecond)
-		later, err := c.ReadOutput(ctx, sb.ID, procs[i], "stdout", 0)
-		if err != nil || len(later.Data) <= len(first.Data) || !strings.HasPrefix(string(later.Data), "tick 1\n") {
-			t.Fatalf("output of %s does not continue after restart: %q then %q", sb.ID, first.Data, later.Data)
+		// Reattached: read on from where the output was, until it grows.
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			more, err := c2.ReadOutput(ctx, sb.ID, procs[i], "stdout", first.Next)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.HasPrefix(string(more.Data), "tick ") && more.Offset == first.Next {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("output of %s does not continue after restart (at %d)", sb.ID, first.Next)
+			}
+			time.Sleep(100 * time.Millisecond)
 		}
 	}
-	sb := newSandbox(t, c, nil) // new creates still work
-	sh(t, c, sb.ID, "true")
+	sb := newSandbox(t, s.Client, nil) // new creates still work
+	sh(t, s.Client, sb.ID, "true")
+}
+
+// TestServerCrashDuringCreates kills the server while creates are in
+// flight: once some are done and others still creating. After the restart
+// each of them either completed (the record is running and the sandbox
+// answers) or was cleaned up (the record failed and nothing of it is left
+// on the node); no container runs without a live record; deleting the
+// survivors leaves nothing behind.
+func TestServerCrashDuringCreates(t *testing.T) {
+	s := startServer(t)
+	c, _ := tenantClient(t, s, "inflight")
+	const n = 8
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.CreateSandbox(ctxT(t), &api.CreateSandboxRequest{ // dies with the server
+				Layers: &api.LayerRefs{Base: "base:minimal"}, Resources: api.Resources{MemoryMB: 64, CPU: 0.1},
+			})
+		}()
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		states := map[string]int{}
+		if l, err := c.ListSandboxes(ctxT(t), client.ListOptions{All: true}); err == nil {
+			for _, sb := range l.Sandboxes {
+				states[sb.State]++
+			}
+		}
+		if states[api.StateRunning] > 0 && states[api.StateCreating] > 0 || states[api.StateRunning] == n {
+			t.Logf("killing the server with %v", states)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("creates did not progress: %v", states)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	s.Kill()
+	wg.Wait()
+	s.Restart()
+
+	ctx := ctxT(t)
+	all, err := c.ListSandboxes(ctx, client.ListOptions{All: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	live := map[string]bool{}
+	for _, sb := range all.Sandboxes {
+		switch sb.State {
+		case api.StateRunning:
+			live[sb.ID] = true
+			sh(t, c, sb.ID, "true")
+		case api.StateFailed:
+		default:
+			t.Errorf("sandbox %s is %s after the restart, want running or failed", sb.ID, sb.State)
+		}
+	}
+	containers := runcContainers(t, s)
+	if len(containers) != len(live) {
+		t.Errorf("runc runs %v, live records %v", containers, live)
+	}
+	for _, id := range containers {
+		if !live[id] {
+			t.Errorf("container %s runs without a live record", id)
+		}
+	}
+	t.Logf("after the restart: %d of %d creates recorded, %d running", len(all.Sandboxes), n, len(live))
+	for id := range live {
+		if err := c.DeleteSandbox(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testutil.RequireNoSandboxLeft(t, s)
+}
+
+// TestServerRestartRepairs breaks sandboxes while the server is down — one
+// paused and then its init killed (as a host reboot would), one whose init
+// is killed, one whose agent socket is deleted — and checks that after the
+// restart all three run again with their files, and their records say so.
+func TestServerRestartRepairs(t *testing.T) {
+	s := startServer(t)
+	c := s.Client
+	ctx := ctxT(t)
+	boxes := map[string]*api.Sandbox{}
+	for _, name := range []string{"paused", "deadinit", "nosocket"} {
+		sb := newSandbox(t, c, nil)
+		sh(t, c, sb.ID, "echo "+name+" > /kept")
+		boxes[name] = sb
+	}
+	if _, err := c.Pause(ctx, boxes["paused"].ID); err != nil {
+		t.Fatal(err)
+	}
+	s.Kill()
+	runcRoot := filepath.Join(s.DataDir, "edge", "container", "runc")
+	for _, name := range []string{"paused", "deadinit"} {
+		if out, err := exec.Command("runc", "--root", runcRoot, "kill", boxes[name].ID, "KILL").CombinedOutput(); err != nil {
+			t.Fatalf("runc kill: %v %s", err, out)
+		}
+	}
+	if err := os.Remove(filepath.Join(s.DataDir, "edge", "container", "sandboxes", boxes["nosocket"].ID, "agent.sock")); err != nil {
+		t.Fatal(err)
+	}
+	s.Restart()
+	c = s.Client
+	for name, sb := range boxes {
+		got, err := c.GetSandbox(ctx, sb.ID)
+		if err != nil || got.State != api.StateRunning {
+			t.Fatalf("%s after the restart: %+v %v", name, got, err)
+		}
+		if out := sh(t, c, sb.ID, "cat /kept"); out != name+"\n" {
+			t.Fatalf("%s lost its files: %q", name, out)
+		}
+	}
+	if got := runcContainers(t, s); len(got) != len(boxes) {
+		t.Fatalf("runc runs %v", got)
+	}
 }

@@ -132,6 +132,11 @@ func (c *Client) Reset(ctx context.Context, id string) error  { return c.op(ctx,
 func (c *Client) Pause(ctx context.Context, id string) error  { return c.op(ctx, id, "pause") }
 func (c *Client) Resume(ctx context.Context, id string) error { return c.op(ctx, id, "resume") }
 
+// SetPhase switches a sandbox to another policy phase.
+func (c *Client) SetPhase(ctx context.Context, id string, p PhaseRequest) error {
+	return c.do(ctx, http.MethodPut, "/v1/sandboxes/"+id+"/phase", p, nil)
+}
+
 func (c *Client) op(ctx context.Context, id, op string) error {
 	return c.do(ctx, http.MethodPost, "/v1/sandboxes/"+id+"/"+op, nil, nil)
 }

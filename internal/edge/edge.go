@@ -65,12 +65,18 @@ type CreateRequest struct {
 	ID      string `json:"id"`
 	Backend string `json:"backend"`
 	// Layers are digests, base first.
-	Layers    []string          `json:"layers"`
-	Resources api.Resources     `json:"resources"`
-	Network   api.Network       `json:"network"`
-	Env       map[string]string `json:"env,omitempty"`
-	Phase     string            `json:"phase,omitempty"`
+	Layers    []string      `json:"layers"`
+	Resources api.Resources `json:"resources"`
+	// Network and Files are the policy of Phase.
+	Network      api.Network       `json:"network"`
+	Files        api.FileRules     `json:"files,omitzero"`
+	NeedsNetwork bool              `json:"needs_network,omitempty"`
+	Env          map[string]string `json:"env,omitempty"`
+	Phase        string            `json:"phase,omitempty"`
 }
+
+// PhaseRequest is the body of the edge's PUT /v1/sandboxes/{id}/phase.
+type PhaseRequest = backend.Policy
 
 // Status is a sandbox as the edge sees it.
 type Status struct {
@@ -152,7 +158,7 @@ func (e *Edge) Create(ctx context.Context, req CreateRequest) (Status, error) {
 	}
 	spec := backend.Spec{
 		ID: req.ID, Backend: req.Backend, Resources: req.Resources,
-		Network: req.Network, Env: req.Env, Phase: req.Phase,
+		Network: req.Network, Files: req.Files, NeedsNetwork: req.NeedsNetwork, Env: req.Env, Phase: req.Phase,
 	}
 	for _, d := range req.Layers {
 		p, err := e.cfg.Layers.Fetch(ctx, d)
@@ -286,9 +292,28 @@ func (e *Edge) Agent(id string) (*agent.Client, error) {
 
 // LocalLayers finds layer images in a layer.LocalStore on this node's disk:
 // the all-in-one server's store, or a store shared over a POSIX mount.
-type LocalLayers struct{ Store interface{ Path(digest string) (string, error) } }
+type LocalLayers struct {
+	Store interface {
+		Path(digest string) (string, error)
+	}
+}
 
 // Fetch implements Layers.
 func (l LocalLayers) Fetch(_ context.Context, digest string) (string, error) {
 	return l.Store.Path(digest)
+}
+
+// SetPhase switches a sandbox to another policy phase, in place.
+func (e *Edge) SetPhase(ctx context.Context, id string, p PhaseRequest) error {
+	return e.lifecycle(ctx, id, func(sb *sandbox) error {
+		ph, ok := sb.backend.(backend.Phaser)
+		if !ok {
+			return errdefs.Invalid("backend %s cannot switch policy phases", sb.backend.Name())
+		}
+		if err := ph.SetPhase(ctx, id, p); err != nil {
+			return err
+		}
+		sb.spec.Phase, sb.spec.Network, sb.spec.Files = p.Phase, p.Network, p.Files
+		return nil
+	})
 }

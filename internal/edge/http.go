@@ -69,6 +69,18 @@ func (e *Edge) Handler(token string) http.Handler {
 		}
 		w.WriteHeader(http.StatusNoContent)
 	})
+	mux.HandleFunc("PUT /v1/sandboxes/{id}/phase", func(w http.ResponseWriter, r *http.Request) {
+		var req PhaseRequest
+		if err := httpapi.DecodeJSON(r, &req); err != nil {
+			httpapi.WriteError(w, r, err)
+			return
+		}
+		if err := e.SetPhase(r.Context(), r.PathValue("id"), req); err != nil {
+			httpapi.WriteError(w, r, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
 	mux.HandleFunc("/v1/sandboxes/{id}/agent/{rest...}", e.proxyAgent)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, r, errdefs.NotFound("no route %s %s", r.Method, r.URL.Path))

@@ -1,22 +1,75 @@
 package server
 
 import (
-	"context"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"mime"
 	"net/http"
 	"strings"
-	"time"
 
-	"github.com/dsec-project/dsec/internal/store"
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/errdefs"
 )
 
-// activeEvery throttles writes of a sandbox's last-active time.
-const activeEvery = 30 * time.Second
-
-// exec runs a command in a sandbox: the request goes through to the
-// sandbox's agent on its node, and the result (JSON or an NDJSON stream)
-// comes back as the agent writes it.
+// exec runs a command in a sandbox. Without a trajectory the request goes
+// through to the sandbox's agent on its node, and the result (JSON or an
+// NDJSON stream) comes back as the agent writes it. With a trajectory the
+// control plane runs it as a step of the trajectory log (execStep).
 func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
+	body, err := readExecBody(r, s.cfg.TmpDir)
+	if err != nil {
+		return err
+	}
+	defer body.close()
+	// Only a body that may name a trajectory (perhaps with escapes) is
+	// decoded here; the agent validates the others, and refuses one that
+	// names a trajectory.
+	if body.contains("trajectory", `\u`) {
+		b, err := body.all()
+		if err != nil {
+			return errdefs.Invalid("read exec body: %v", err)
+		}
+		var req api.ExecRequest
+		if err := decodeStrict(b, &req); err != nil {
+			return err
+		}
+		if req.Trajectory != nil {
+			return s.execStep(w, r, &req)
+		}
+	}
+	r.Body, r.ContentLength = body.reader(), body.size
 	return s.toAgent(w, r, "/exec")
+}
+
+// decodeStrict decodes a whole JSON body, refusing unknown fields and
+// trailing data, as httpapi.DecodeJSON does for request bodies.
+func decodeStrict(body []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		if errors.Is(err, io.EOF) {
+			return errdefs.Invalid("empty request body")
+		}
+		return errdefs.Invalid("malformed JSON body: %v", err)
+	}
+	if dec.More() {
+		return errdefs.Invalid("malformed JSON body: trailing data")
+	}
+	return nil
+}
+
+// acceptsNDJSON reports whether the client asked for a streamed exec.
+func acceptsNDJSON(r *http.Request) bool {
+	for _, v := range r.Header.Values("Accept") {
+		for part := range strings.SplitSeq(v, ",") {
+			if mt, _, err := mime.ParseMediaType(part); err == nil && mt == "application/x-ndjson" {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // files reads, writes, lists and removes files through the agent, which
@@ -39,26 +92,7 @@ func (s *Server) toAgent(w http.ResponseWriter, r *http.Request, path string) er
 	if err != nil {
 		return err
 	}
-	s.touch(r.Context(), sb)
+	defer s.begin(r.Context(), sb)()
 	n.client.ProxyAgent(w, r, sb.API.ID, path)
 	return nil
-}
-
-// touch records that a sandbox was used, at most every activeEvery.
-func (s *Server) touch(ctx context.Context, sb store.Sandbox) {
-	now := time.Now()
-	s.activeMu.Lock()
-	last, ok := s.active[sb.API.ID]
-	if !ok {
-		last = sb.LastActive
-	}
-	if now.Sub(last) < activeEvery {
-		s.activeMu.Unlock()
-		return
-	}
-	s.active[sb.API.ID] = now
-	s.activeMu.Unlock()
-	if err := s.store.TouchSandbox(context.WithoutCancel(ctx), sb.API.ID, now.UTC()); err != nil {
-		s.log.Warn("record activity", "sandbox", sb.API.ID, "err", err)
-	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/dsec-project/dsec/internal/edge"
 	"github.com/dsec-project/dsec/internal/errdefs"
 	"github.com/dsec-project/dsec/internal/httpapi"
+	"github.com/dsec-project/dsec/internal/policy"
 	"github.com/dsec-project/dsec/internal/scheduler"
 	"github.com/dsec-project/dsec/internal/store"
 )
@@ -76,25 +77,23 @@ func (s *Server) validate(ctx context.Context, tenant string, req api.CreateSand
 	if req.Network == nil {
 		req.Network = &api.Network{Mode: api.NetworkNone}
 	}
-	switch req.Network.Mode {
-	case "", api.NetworkNone:
-		req.Network.Mode = api.NetworkNone
-		if len(req.Network.Allow) > 0 {
-			return plan{}, errdefs.Invalid("network.allow needs mode allowlist")
-		}
-	case api.NetworkAllowlist, api.NetworkOpen:
-		return plan{}, errdefs.Invalid("network mode %q is not supported by this server yet; only none", req.Network.Mode)
-	default:
-		return plan{}, errdefs.Invalid("unknown network mode %q (want none, allowlist or open)", req.Network.Mode)
+	if err := policy.CheckNetwork(req.Network); err != nil {
+		return plan{}, err
 	}
-	if req.Phase != "" {
-		return plan{}, errdefs.Invalid("policy phases are not supported by this server yet")
+	if err := s.resolveProfile(&req); err != nil {
+		return plan{}, err
+	}
+	if err := policy.CheckPhases(req.Phases, req.Phase); err != nil {
+		return plan{}, err
 	}
 	if req.TTLSeconds < 0 {
 		return plan{}, errdefs.Invalid("ttl_seconds must not be negative")
 	}
 	if req.TTLSeconds > int64(s.cfg.MaxTTL/time.Second) {
 		return plan{}, errdefs.Invalid("ttl_seconds over the maximum of %d", int64(s.cfg.MaxTTL.Seconds()))
+	}
+	if req.IdleTimeoutSeconds < 0 || req.IdleTimeoutSeconds > int64(s.cfg.MaxTTL/time.Second) {
+		return plan{}, errdefs.Invalid("idle_timeout_seconds must be between 0 and %d", int64(s.cfg.MaxTTL.Seconds()))
 	}
 	if len(req.Labels) > 64 {
 		return plan{}, errdefs.Invalid("at most 64 labels")
@@ -169,11 +168,17 @@ func (s *Server) newRecord(tenant string, p plan, nodeID string, now time.Time) 
 		ttl = s.cfg.DefaultTTL
 	}
 	expires := now.Add(ttl)
+	idle := req.IdleTimeoutSeconds
+	if idle == 0 {
+		idle = int64(s.cfg.DefaultIdleTimeout / time.Second)
+	}
 	return store.Sandbox{
 		API: api.Sandbox{
 			ID: "sb-" + randomID(10), Backend: req.Backend, State: api.StateCreating, Node: nodeID,
 			Layers: *req.Layers, Resources: req.Resources, Network: *req.Network, Phase: req.Phase,
+			Phases: req.Phases, Profile: req.Profile,
 			Labels: req.Labels, Env: req.Env, CreatedAt: now, ExpiresAt: &expires,
+			TTLSeconds: int64(ttl / time.Second), IdleTimeoutSeconds: idle,
 		},
 		Tenant: tenant, LayerDigests: p.digests, LastActive: now,
 	}
@@ -192,9 +197,11 @@ func (s *Server) build(ctx context.Context, sb *store.Sandbox, p plan) error {
 	}
 	n, err := s.nodes.get(sb.API.Node)
 	if err == nil {
+		net, files := policy.Effective(*req.Network, req.Phases, req.Phase)
 		_, err = n.client.Create(ctx, edge.CreateRequest{
 			ID: sb.API.ID, Backend: nodeBackend(req.Backend), Layers: p.digests, Resources: req.Resources,
-			Network: *req.Network, Env: req.Env, Phase: req.Phase,
+			Network: net, Files: files, NeedsNetwork: policy.NeedsNetwork(*req.Network, req.Phases),
+			Env: req.Env, Phase: req.Phase,
 		})
 	}
 	if err != nil {
@@ -244,7 +251,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 		s.destroy(ctx, sb)
 		return r.Context().Err()
 	}
-	httpapi.WriteJSON(w, http.StatusCreated, sb.API)
+	httpapi.WriteJSON(w, http.StatusCreated, s.view(sb))
 	return nil
 }
 
@@ -283,7 +290,7 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	httpapi.WriteJSON(w, http.StatusOK, sb.API)
+	httpapi.WriteJSON(w, http.StatusOK, s.view(sb))
 	return nil
 }
 
@@ -320,7 +327,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 	}
 	out := api.SandboxList{Sandboxes: make([]api.Sandbox, 0, len(list)), NextPageToken: next}
 	for _, sb := range list {
-		out.Sandboxes = append(out.Sandboxes, sb.API)
+		out.Sandboxes = append(out.Sandboxes, s.view(sb))
 	}
 	httpapi.WriteJSON(w, http.StatusOK, out)
 	return nil
@@ -339,7 +346,8 @@ func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) error {
 }
 
 // destroy removes a sandbox from its node and marks its record deleted. It
-// is idempotent.
+// is idempotent. Once the node has destroyed it the record says deleted,
+// whatever changed it meanwhile (a renew racing the reaper).
 func (s *Server) destroy(ctx context.Context, sb store.Sandbox) error {
 	if sb.DeletedAt != nil {
 		return nil
@@ -355,53 +363,61 @@ func (s *Server) destroy(ctx context.Context, sb store.Sandbox) error {
 		}
 	}
 	now := time.Now().UTC()
-	wasLive := sb.API.State != api.StateFailed
-	for attempt := 0; ; attempt++ {
+	why := sb.API.Error
+	for {
+		wasLive := sb.API.State != api.StateFailed
 		sb.API.State, sb.DeletedAt = api.StateDeleted, &now
 		err := s.store.UpdateSandbox(ctx, &sb)
-		if err == nil {
-			break
+		if errors.Is(err, store.ErrConflict) {
+			if sb, err = s.store.GetSandbox(ctx, sb.API.ID); err != nil {
+				return err
+			}
+			if sb.DeletedAt != nil {
+				return nil // someone else recorded it
+			}
+			if why != "" {
+				sb.API.Error = why
+			}
+			continue
 		}
-		if !errors.Is(err, store.ErrConflict) || attempt == 3 {
+		if err != nil {
 			return err
 		}
-		// Someone else updated the record meanwhile (a concurrent delete, a
-		// pool destroying its sandbox): read it again.
-		if sb, err = s.store.GetSandbox(ctx, sb.API.ID); err != nil {
-			return err
+		if wasLive {
+			s.sched.Release(sb.API.Node, sb.API.Resources)
 		}
-		if sb.DeletedAt != nil {
-			return nil // they deleted it, and released it
-		}
+		s.forget(sb.API.ID)
+		return nil
 	}
-	if wasLive {
-		s.sched.Release(sb.API.Node, sb.API.Resources)
-	}
-	s.activeMu.Lock()
-	delete(s.active, sb.API.ID)
-	s.activeMu.Unlock()
-	return nil
 }
 
 func (s *Server) resetSandbox(w http.ResponseWriter, r *http.Request) error {
 	return s.lifecycle(w, r, []string{api.StateRunning, api.StatePaused}, api.StateRunning,
-		func(ctx context.Context, c *edge.Client, id string) error { return c.Reset(ctx, id) })
+		func(ctx context.Context, c *edge.Client, sb *store.Sandbox) error {
+			// Bump first: if the reset fails half-way, the state is gone all
+			// the same, and trajectory steps must not replay over it.
+			sb.Generation++
+			if err := s.store.UpdateSandbox(ctx, sb); err != nil {
+				return err
+			}
+			return c.Reset(ctx, sb.API.ID)
+		})
 }
 
 func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) error {
 	return s.lifecycle(w, r, []string{api.StateRunning}, api.StatePaused,
-		func(ctx context.Context, c *edge.Client, id string) error { return c.Pause(ctx, id) })
+		func(ctx context.Context, c *edge.Client, sb *store.Sandbox) error { return c.Pause(ctx, sb.API.ID) })
 }
 
 func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) error {
 	return s.lifecycle(w, r, []string{api.StatePaused}, api.StateRunning,
-		func(ctx context.Context, c *edge.Client, id string) error { return c.Resume(ctx, id) })
+		func(ctx context.Context, c *edge.Client, sb *store.Sandbox) error { return c.Resume(ctx, sb.API.ID) })
 }
 
 // lifecycle runs an operation on a sandbox in one of the states from, on
 // its node, and records the state it leaves the sandbox in.
 func (s *Server) lifecycle(w http.ResponseWriter, r *http.Request, from []string, after string,
-	op func(context.Context, *edge.Client, string) error) error {
+	op func(context.Context, *edge.Client, *store.Sandbox) error) error {
 	sb, err := s.sandboxFor(r.Context(), r.PathValue("id"))
 	if err != nil {
 		return err
@@ -421,7 +437,7 @@ func (s *Server) lifecycle(w http.ResponseWriter, r *http.Request, from []string
 	if err != nil {
 		return err
 	}
-	if err := op(ctx, n.client, sb.API.ID); err != nil {
+	if err := op(ctx, n.client, &sb); err != nil {
 		return err
 	}
 	sb.API.State = after
@@ -429,31 +445,15 @@ func (s *Server) lifecycle(w http.ResponseWriter, r *http.Request, from []string
 	if err := s.store.UpdateSandbox(ctx, &sb); err != nil {
 		return err
 	}
-	httpapi.WriteJSON(w, http.StatusOK, sb.API)
+	s.touch(ctx, sb)
+	httpapi.WriteJSON(w, http.StatusOK, s.view(sb))
 	return nil
 }
 
-// reapExpired destroys sandboxes whose TTL has passed.
-func (s *Server) reapExpired(ctx context.Context) {
-	now := time.Now().UTC()
-	list, _, err := s.store.ListSandboxes(ctx, store.SandboxFilter{
-		AllTenants: true, ExpiredBy: &now, Limit: 1000,
-		States: []string{api.StateCreating, api.StateRunning, api.StatePaused, api.StateLost},
-	})
-	if err != nil {
-		s.log.Warn("reap: list expired", "err", err)
-		return
-	}
-	for _, sb := range list {
-		if sb.API.State == api.StateCreating && now.Sub(sb.API.CreatedAt) < createTimeout {
-			continue // its create is still in flight
-		}
-		if err := s.destroy(ctx, sb); err != nil {
-			s.log.Warn("reap: destroy expired sandbox", "sandbox", sb.API.ID, "err", err)
-			continue
-		}
-		s.log.Info("reaped expired sandbox", "sandbox", sb.API.ID, "tenant", sb.Tenant)
-	}
+// runsOn reports whether the node runs the sandbox unpaused.
+func runsOn(ctx context.Context, c *edge.Client, id string) bool {
+	st, err := c.Get(ctx, id)
+	return err == nil && st.State == api.StateRunning
 }
 
 // reconcile makes the records of a node's sandboxes agree with what the
@@ -480,7 +480,10 @@ func (s *Server) reconcile(ctx context.Context, nodeID string, c *edge.Client) e
 	for _, sb := range records {
 		if onNode[sb.API.ID] {
 			live[sb.API.ID] = true
-			if sb.API.State == api.StateCreating {
+			// A create the node finished is running; so is a paused
+			// sandbox the node had to start again (its host rebooted), or
+			// resume would fail on it.
+			if sb.API.State == api.StateCreating || (sb.API.State == api.StatePaused && runsOn(ctx, c, sb.API.ID)) {
 				sb.API.State = api.StateRunning
 				if err := s.store.UpdateSandbox(ctx, &sb); err != nil {
 					return err
@@ -494,6 +497,7 @@ func (s *Server) reconcile(ctx context.Context, nodeID string, c *edge.Client) e
 		if err := s.store.UpdateSandbox(ctx, &sb); err != nil {
 			return err
 		}
+		s.forget(sb.API.ID)
 		s.log.Warn("reconcile: sandbox missing on its node", "sandbox", sb.API.ID, "node", nodeID)
 	}
 	for id := range onNode {

@@ -1,8 +1,10 @@
 // Package server is the control plane: the public HTTP API under /v1, API
 // key authentication and tenant scoping, the sandbox and layer registry (in
 // a store.Store), placement through the scheduler, and the calls to the
-// edges that build and run sandboxes. It reaps expired sandboxes and, on
-// start, reconciles its records with what the nodes really run.
+// edges that build and run sandboxes. It keeps sandboxes' leases (renew,
+// idle timeout) and reaps those that ran out, runs execs that are steps of
+// a trajectory and keeps their log, and, on start, reconciles its records
+// with what the nodes really run.
 //
 // The server must never run sandbox code or mount anything itself, and a
 // tenant must never learn that another tenant's sandbox or layer exists:
@@ -13,11 +15,11 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/url"
 	"runtime/debug"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -45,8 +47,15 @@ type Config struct {
 	MaxLayerBytes int64
 	// Defaults fill the resources a create leaves out.
 	Defaults api.Resources
-	// DefaultTTL applies when a create gives no ttl_seconds; MaxTTL bounds it.
+	// DefaultTTL applies when a create gives no ttl_seconds; MaxTTL bounds it
+	// and every renew.
 	DefaultTTL, MaxTTL time.Duration
+	// DefaultIdleTimeout applies when a create gives no
+	// idle_timeout_seconds; zero means sandboxes are not reaped for idling.
+	DefaultIdleTimeout time.Duration
+	// TrajectoryRetention is how long a trajectory is kept after its
+	// newest step started; 7 days by default.
+	TrajectoryRetention time.Duration
 	// ReapInterval is how often expired sandboxes are looked for.
 	ReapInterval time.Duration
 	// BatchParallel bounds the sandboxes of one batch built at once on
@@ -54,7 +63,10 @@ type Config struct {
 	BatchParallel int
 	// FnCall sizes the warm pools behind the fncall backend.
 	FnCall fncall.Config
-	Logger *slog.Logger
+	// Profiles are named sets of policy phases a create can refer to;
+	// DefaultProfiles are always offered.
+	Profiles map[string]api.Profile
+	Logger   *slog.Logger
 }
 
 // Server is the control plane.
@@ -68,9 +80,8 @@ type Server struct {
 	nodes   *registry
 	fncall  *fncall.Manager
 
-	// active throttles LastActive updates: sandbox id → last write.
-	activeMu sync.Mutex
-	active   map[string]time.Time
+	acts  *activity
+	steps *steps
 }
 
 // New returns a control plane over cfg.Store.
@@ -90,6 +101,9 @@ func New(cfg Config) *Server {
 	if cfg.ReapInterval == 0 {
 		cfg.ReapInterval = time.Second
 	}
+	if cfg.TrajectoryRetention == 0 {
+		cfg.TrajectoryRetention = 7 * 24 * time.Hour
+	}
 	if cfg.MaxLayerBytes == 0 {
 		cfg.MaxLayerBytes = 16 << 30
 	}
@@ -99,6 +113,9 @@ func New(cfg Config) *Server {
 	if cfg.Scheduler == nil {
 		cfg.Scheduler = scheduler.New(scheduler.DefaultConfig)
 	}
+	profiles := DefaultProfiles()
+	maps.Copy(profiles, cfg.Profiles)
+	cfg.Profiles = profiles
 	s := &Server{
 		cfg:     cfg,
 		store:   cfg.Store,
@@ -107,7 +124,8 @@ func New(cfg Config) *Server {
 		log:     cfg.Logger,
 		metrics: newMetrics(),
 		nodes:   newRegistry(),
-		active:  map[string]time.Time{},
+		acts:    newActivity(),
+		steps:   newSteps(),
 	}
 	if cfg.FnCall.Logger == nil {
 		cfg.FnCall.Logger = cfg.Logger
@@ -125,25 +143,40 @@ func New(cfg Config) *Server {
 	return s
 }
 
-// Run reaps expired sandboxes and resizes the FnCall pools until ctx ends.
-// Call it after the nodes are added.
+// Run reaps expired and idle sandboxes, keeps the activity of busy ones
+// current in the store, purges old records and trajectories, and resizes
+// the FnCall pools, until ctx ends. Call it after the nodes are added.
 func (s *Server) Run(ctx context.Context) {
 	s.destroyStalePools(ctx)
 	go s.fncall.Run(ctx)
 	tick := time.NewTicker(s.cfg.ReapInterval)
 	defer tick.Stop()
-	lastPurge := time.Now()
+	// Trajectories are purged at a tenth of their retention, at most
+	// hourly, so a short retention (in tests) is honoured promptly.
+	gcEvery := min(max(s.cfg.TrajectoryRetention/10, s.cfg.ReapInterval), time.Hour)
+	lastPurge, lastGC := time.Now(), time.Now()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
 		}
-		s.reapExpired(ctx)
+		s.reap(ctx)
+		s.touchBusy(ctx)
 		if time.Since(lastPurge) > time.Hour {
 			lastPurge = time.Now()
 			if n, err := s.store.PurgeSandboxes(ctx, time.Now().Add(-24*time.Hour)); err == nil && n > 0 {
 				s.log.Info("purged records of deleted sandboxes", "count", n)
+			}
+		}
+		if time.Since(lastGC) >= gcEvery {
+			lastGC = time.Now()
+			n, err := s.store.PurgeTrajectories(ctx, time.Now().Add(-s.cfg.TrajectoryRetention))
+			switch {
+			case err != nil:
+				s.log.Warn("purge trajectories", "err", err)
+			case n > 0:
+				s.log.Info("purged old trajectory steps", "count", n)
 			}
 		}
 	}
@@ -173,6 +206,11 @@ func (s *Server) Handler() http.Handler {
 	authed("POST /v1/sandboxes/{id}/reset", s.resetSandbox)
 	authed("POST /v1/sandboxes/{id}/pause", s.pauseSandbox)
 	authed("POST /v1/sandboxes/{id}/resume", s.resumeSandbox)
+	authed("POST /v1/sandboxes/{id}/renew", s.renewSandbox)
+	authed("GET /v1/trajectories/{id...}", s.getTrajectory)
+	authed("DELETE /v1/trajectories/{id...}", s.deleteTrajectory)
+	authed("PUT /v1/sandboxes/{id}/phase", s.setPhase)
+	authed("GET /v1/profiles", s.listProfiles)
 
 	authed("POST /v1/fncall", s.fncallCall)
 	authed("GET /v1/fncall/pools", s.listPools)
@@ -289,6 +327,7 @@ type metrics struct {
 	latency   *prometheus.HistogramVec
 	creates   *prometheus.CounterVec
 	createDur prometheus.Histogram
+	steps     *prometheus.CounterVec
 }
 
 func newMetrics() *metrics {
@@ -311,6 +350,9 @@ func newMetrics() *metrics {
 			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
 		}),
 	}
-	reg.MustRegister(m.requests, m.latency, m.creates, m.createDur)
+	m.steps = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "dsec_trajectory_steps_total", Help: "Trajectory steps by what was done: run, rerun, diverge, replay, settle.",
+	}, []string{"action"})
+	reg.MustRegister(m.requests, m.latency, m.creates, m.createDur, m.steps)
 	return m
 }

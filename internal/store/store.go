@@ -55,6 +55,30 @@ type Store interface {
 	UpsertNode(ctx context.Context, n Node) error
 	ListNodes(ctx context.Context) ([]Node, error)
 
+	// The trajectory log (see Step). Steps are keyed by tenant, trajectory
+	// and step number. BeginStep and FinishStep are durable when they
+	// return: the record survives a crash of the process and of the
+	// machine.
+
+	// GetStep reads one step, with its result.
+	GetStep(ctx context.Context, tenant, trajectory string, step int64) (Step, error)
+	// ListSteps lists a trajectory's steps in order, without their results
+	// (Result is nil; ExitCode is set once done).
+	ListSteps(ctx context.Context, tenant, trajectory string) ([]Step, error)
+	// BeginStep records st as running and drops every step of the
+	// trajectory from st.Step on, in one transaction: a step that runs
+	// starts a new history from there.
+	BeginStep(ctx context.Context, st Step) error
+	// FinishStep records the result of the running step st.Attempt. It
+	// fails with ErrConflict if the step is no longer that attempt.
+	FinishStep(ctx context.Context, st Step) error
+	// DeleteSteps removes the trajectory's steps from step from on (all of
+	// them for from <= 0) and returns how many went.
+	DeleteSteps(ctx context.Context, tenant, trajectory string, from int64) (int, error)
+	// PurgeTrajectories removes whole trajectories whose newest step
+	// started before t, and returns how many steps went.
+	PurgeTrajectories(ctx context.Context, before time.Time) (int, error)
+
 	Close() error
 }
 
@@ -98,6 +122,9 @@ type Sandbox struct {
 	LastActive time.Time `json:"-"`
 	// Version counts updates, for optimistic concurrency.
 	Version int64 `json:"-"`
+	// Generation counts resets: each one throws the sandbox's state away,
+	// so trajectory steps recorded before it no longer describe it.
+	Generation int64 `json:",omitempty"`
 }
 
 // ErrConflict is returned by UpdateSandbox when the record changed since it
@@ -114,6 +141,9 @@ type SandboxFilter struct {
 	Labels     map[string]string
 	// ExpiredBy selects sandboxes whose expiry is at or before it.
 	ExpiredBy *time.Time
+	// IdleBy selects sandboxes with an idle timeout whose last activity
+	// plus that timeout is at or before it.
+	IdleBy    *time.Time
 	Limit     int
 	PageToken string
 }
@@ -128,4 +158,26 @@ type Node struct {
 	Labels    map[string]string
 	LastSeen  time.Time
 	CreatedAt time.Time
+}
+
+// Step is one step of a trajectory: an exec recorded with the fingerprint
+// of what it ran, where it ran, and, once done, its result.
+type Step struct {
+	Tenant     string
+	Trajectory string
+	Step       int64
+	// Fingerprint identifies the command (see package trajectory).
+	Fingerprint string
+	// Attempt names the run that owns a running step.
+	Attempt string
+	// Sandbox and Generation are where the step ran: its effects are in
+	// that sandbox until its next reset.
+	Sandbox    string
+	Generation int64
+	State      string // api.StepRunning or api.StepDone
+	// Result is the recorded answer (done steps, from GetStep only).
+	Result     *api.ExecResult
+	ExitCode   *int
+	StartedAt  time.Time
+	RecordedAt *time.Time
 }

@@ -9,9 +9,9 @@ import (
 )
 
 // SandboxLeaks lists what sandboxes of the server left behind: sandbox
-// directories (with their sockets), mounts under the data dir, runc
-// containers, cgroups under the server's cgroup parent, and processes in
-// those cgroups. Empty means clean.
+// directories (with their sockets), mounts under the data dir, loop
+// devices on its files, runc containers, cgroups under the server's cgroup
+// parent, and processes in those cgroups. Empty means clean.
 func (s *Server) SandboxLeaks() []string {
 	var leaks []string
 	sbDir := filepath.Join(s.DataDir, "edge", "container", "sandboxes")
@@ -24,6 +24,13 @@ func (s *Server) SandboxLeaks() []string {
 		for _, line := range strings.Split(string(b), "\n") {
 			if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], s.DataDir+"/") {
 				leaks = append(leaks, "mount "+f[4])
+			}
+		}
+	}
+	if files, err := filepath.Glob("/sys/block/loop*/loop/backing_file"); err == nil {
+		for _, f := range files {
+			if b, err := os.ReadFile(f); err == nil && strings.HasPrefix(string(b), s.DataDir+"/") {
+				leaks = append(leaks, "loop device "+filepath.Base(filepath.Dir(filepath.Dir(f)))+" on "+strings.TrimSpace(string(b)))
 			}
 		}
 	}

@@ -65,7 +65,7 @@ type Server struct {
 	// CgroupParent is the server's own cgroup parent, so that leak checks
 	// see only its sandboxes.
 	CgroupParent string
-	Client  *client.Client // with the admin key
+	Client       *client.Client // with the admin key
 
 	t    testing.TB
 	args []string
@@ -213,6 +213,9 @@ func (s *Server) cleanup() {
 		}
 	}
 	UnmountAll(s.DataDir)
+	if i := indexOf(s.args, "--net-bridge"); i >= 0 {
+		RemoveNodeNetwork(s.args[i+1])
+	}
 	for _, cg := range s.cgroupDirs() {
 		entries, _ := os.ReadDir(cg)
 		for _, e := range entries {

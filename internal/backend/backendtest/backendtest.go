@@ -164,6 +164,69 @@ func Run(t *testing.T, f Fixture) {
 		}
 	})
 
+	t.Run("limits: root is not root outside, the disk is bounded", func(t *testing.T) {
+		ctx := context.Background()
+		b := f.New(t, t.TempDir())
+		sp := spec(unique("lim"))
+		sp.Backend = b.Name()
+		sp.Resources.DiskMB = 32
+		if err := b.Create(ctx, sp); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { b.Destroy(context.Background(), sp.ID) })
+		ag := agentOf(b, sp.ID)
+		if out := run(t, ag, "awk '{print $1, $2 != 0}' /proc/self/uid_map"); out != "0 1\n" {
+			t.Fatalf("uid_map: root inside maps to %q outside", out)
+		}
+		res, err := ag.Exec(ctx, &api.ExecRequest{Shell: "dd if=/dev/zero of=/tmp/fill bs=1M count=64 2>&1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.ExitCode == 0 || !strings.Contains(res.Stdout, "No space left") {
+			t.Fatalf("wrote 64 MB into a 32 MB writable layer: %+v", res)
+		}
+		if err := b.Reset(ctx, sp.ID); err != nil {
+			t.Fatal(err)
+		}
+		run(t, agentOf(b, sp.ID), "dd if=/dev/zero of=/tmp/f bs=1M count=8 2>/dev/null") // space is back
+	})
+
+	t.Run("policy phases", func(t *testing.T) {
+		ctx := context.Background()
+		b := f.New(t, t.TempDir())
+		ph, ok := b.(backend.Phaser)
+		if !ok {
+			t.Skipf("backend %s has no policy phases", b.Name())
+		}
+		sp := spec(unique("phase"))
+		sp.Backend = b.Name()
+		sp.Phase = "agent"
+		sp.Files = api.FileRules{Deny: []string{"/secret"}}
+		if err := b.Create(ctx, sp); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { b.Destroy(context.Background(), sp.ID) })
+		ag := agentOf(b, sp.ID)
+		res, err := ag.Exec(ctx, &api.ExecRequest{Shell: "mkdir /secret"})
+		if err != nil || res.ExitCode == 0 {
+			t.Fatalf("made a denied path in the first phase: %+v %v", res, err)
+		}
+		if err := ph.SetPhase(ctx, sp.ID, backend.Policy{Phase: "setup", Network: api.Network{Mode: api.NetworkNone}}); err != nil {
+			t.Fatal(err)
+		}
+		run(t, ag, "mkdir /secret && echo s > /secret/f")
+		if err := ph.SetPhase(ctx, sp.ID, backend.Policy{Phase: "agent", Network: api.Network{Mode: api.NetworkNone},
+			Files: api.FileRules{Deny: []string{"/secret"}}}); err != nil {
+			t.Fatal(err)
+		}
+		if res, err := ag.Exec(ctx, &api.ExecRequest{Shell: "cat /secret/f"}); err != nil || res.ExitCode == 0 {
+			t.Fatalf("read a denied file after the switch: %+v %v", res, err)
+		}
+		if err := ph.SetPhase(ctx, sp.ID, backend.Policy{Phase: "x", Network: api.Network{Mode: api.NetworkOpen}}); !errors.Is(err, errdefs.ErrInvalid) {
+			t.Fatalf("network for a sandbox made without: %v", err)
+		}
+	})
+
 	t.Run("parallel creates", func(t *testing.T) {
 		ctx := context.Background()
 		b := f.New(t, t.TempDir())

@@ -22,18 +22,20 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/backend"
+	"github.com/dsec-project/dsec/internal/disk"
 	"github.com/dsec-project/dsec/internal/errdefs"
+	"github.com/dsec-project/dsec/internal/idmap"
 	"github.com/dsec-project/dsec/internal/mount"
 )
 
@@ -50,8 +52,19 @@ type Config struct {
 	CgroupParent string
 	// MaxFileBytes bounds files read or written through the agent.
 	MaxFileBytes int64
-	Logger       *slog.Logger
+	// UIDBase is the first host uid (and gid) given to sandboxes: each
+	// sandbox gets its own idmap.Size ids from there on; 1<<24 by default.
+	UIDBase uint32
+	// MaxSandboxes bounds how many sandboxes the node holds at once (the
+	// number of id ranges); 16384 by default.
+	MaxSandboxes int
+	// Network, if set, gives sandboxes network modes allowlist and open.
+	Network *NetworkConfig
+	Logger  *slog.Logger
 }
+
+// defaultDiskMB is the writable layer's size when the spec says nothing.
+const defaultDiskMB = 10240
 
 // Backend is the runc container backend.
 type Backend struct {
@@ -59,12 +72,13 @@ type Backend struct {
 	runc    runc
 	layers  *mount.Layers
 	runtime string // the lowest lower layer: the agent and mount points
+	disks   *disk.Templates
+	nets    netState
 	log     *slog.Logger
-	trash   sync.WaitGroup // background removals of discarded upper dirs
-	trashN  atomic.Int64
 
 	mu        sync.Mutex
 	sandboxes map[string]*record
+	uids      map[uint32]string // id range base → sandbox holding it
 }
 
 // record is what the backend keeps of a sandbox, in memory and in
@@ -75,6 +89,15 @@ type record struct {
 	// Lowers are the overlay's lower dirs, top first: the layers' mount
 	// points from the toolkit down to the base, then the runtime layer.
 	Lowers []string `json:"lowers"`
+	// UIDs are the host ids the sandbox's user namespace maps to.
+	UIDs idmap.Range `json:"uids"`
+	// IP is the sandbox's address on the node's bridge, if it has one.
+	IP netip.Addr `json:"ip,omitzero"`
+	// CgroupID is the cgroup v2 id its egress rules are filed under.
+	CgroupID uint64 `json:"cgroup_id,omitempty"`
+	// Starts counts the containers started for it (create, resets,
+	// repairs): it names their veth pairs.
+	Starts int `json:"starts,omitempty"`
 	// acquired says the layer references are held (in memory only).
 	acquired bool
 }
@@ -92,12 +115,28 @@ func New(cfg Config) (*Backend, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.UIDBase == 0 {
+		cfg.UIDBase = 1 << 24
+	}
+	if cfg.MaxSandboxes <= 0 {
+		cfg.MaxSandboxes = 16384
+	}
+	if uint64(cfg.UIDBase)+uint64(cfg.MaxSandboxes)*idmap.Size > 1<<32-1 {
+		return nil, errdefs.Invalid("container backend: %d sandboxes of %d ids from uid %d overflow 32 bits", cfg.MaxSandboxes, idmap.Size, cfg.UIDBase)
+	}
 	for _, d := range []string{"sandboxes", "layers", "runc", "runtime"} {
 		if err := os.MkdirAll(filepath.Join(cfg.Root, d), 0o700); err != nil {
 			return nil, fmt.Errorf("container backend: %w", err)
 		}
 	}
+	if err := traversable(filepath.Join(cfg.Root, "sandboxes")); err != nil {
+		return nil, fmt.Errorf("container backend: %w", err)
+	}
 	layers, err := mount.NewLayers(filepath.Join(cfg.Root, "layers"))
+	if err != nil {
+		return nil, fmt.Errorf("container backend: %w", err)
+	}
+	disks, err := disk.NewTemplates(filepath.Join(cfg.Root, "disk-templates"))
 	if err != nil {
 		return nil, fmt.Errorf("container backend: %w", err)
 	}
@@ -105,14 +144,21 @@ func New(cfg Config) (*Backend, error) {
 		cfg:       cfg,
 		runc:      runc{bin: cfg.Runc, root: filepath.Join(cfg.Root, "runc")},
 		layers:    layers,
+		disks:     disks,
 		log:       cfg.Logger.With("backend", api.BackendContainer),
 		sandboxes: map[string]*record{},
+		uids:      map[uint32]string{},
 	}
 	rt, err := b.makeRuntime()
 	if err != nil {
 		return nil, err
 	}
 	b.runtime = rt
+	if cfg.Network != nil {
+		if err := b.setupNetwork(context.Background(), cfg.Network); err != nil {
+			return nil, fmt.Errorf("container backend: %w", err)
+		}
+	}
 	return b, nil
 }
 
@@ -203,6 +249,20 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (err error) {
 			b.teardown(context.WithoutCancel(ctx), spec.ID, rec)
 		}
 	}()
+	if rec.UIDs, err = b.allocUIDs(spec.ID); err != nil {
+		return err
+	}
+	// runc mounts the root file system as the sandbox's root, which must
+	// reach it; no other sandbox may.
+	if err := os.Chown(dir, 0, int(rec.UIDs.Base)); err != nil {
+		return fmt.Errorf("create sandbox %s: %w", spec.ID, err)
+	}
+	if err := os.Chmod(dir, 0o710); err != nil {
+		return fmt.Errorf("create sandbox %s: %w", spec.ID, err)
+	}
+	if err := b.reserveNetwork(rec); err != nil {
+		return err
+	}
 	t0 := time.Now()
 	if err := b.acquire(ctx, rec); err != nil {
 		return err
@@ -260,22 +320,33 @@ func (b *Backend) start(ctx context.Context, rec *record) (err error) {
 	id := rec.Spec.ID
 	dir := b.dir(id)
 	rootfs := filepath.Join(dir, "rootfs")
-	for _, d := range []string{"upper", "work", "rootfs"} {
-		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
-			return fmt.Errorf("start sandbox %s: %w", id, err)
-		}
-	}
-	if err := mount.Overlay(rec.Lowers, filepath.Join(dir, "upper"), filepath.Join(dir, "work"), rootfs); err != nil {
+	if err := os.MkdirAll(rootfs, 0o755); err != nil {
 		return fmt.Errorf("start sandbox %s: %w", id, err)
 	}
+	tDisk := time.Now()
+	if err := b.mountDisk(ctx, rec); err != nil {
+		return fmt.Errorf("start sandbox %s: %w", id, err)
+	}
+	tRoot := time.Now()
+	if err := b.mountRootfs(rec, rootfs); err != nil {
+		return fmt.Errorf("start sandbox %s: %w", id, err)
+	}
+	b.log.Debug("mounted", "sandbox", id, "disk", tRoot.Sub(tDisk), "rootfs", time.Since(tRoot))
 	defer func() {
 		if err != nil {
 			mount.Unmount(rootfs)
 		}
 	}()
-	spec, err := ociSpec(rec.Spec, rootfs, "/"+b.cfg.CgroupParent+"/"+id, b.agentArgs())
+	spec, err := ociSpec(rec.Spec, rec.UIDs, rootfs, "/"+b.cfg.CgroupParent+"/"+id, b.agentArgs())
 	if err != nil {
 		return err
+	}
+	if rec.Spec.NeedsNetwork {
+		resolv, err := b.writeResolvConf(rec)
+		if err != nil {
+			return fmt.Errorf("start sandbox %s: %w", id, err)
+		}
+		withNetwork(spec, resolv)
 	}
 	if err := writeJSON(filepath.Join(dir, "config.json"), spec); err != nil {
 		return fmt.Errorf("start sandbox %s: %w", id, err)
@@ -300,6 +371,17 @@ func (b *Backend) start(ctx context.Context, rec *record) (err error) {
 		b.runc.delete(context.WithoutCancel(ctx), id)
 		return fmt.Errorf("start sandbox %s: cpu quota: %w", id, err)
 	}
+	b.runc.protectAgent(id)
+	// Nothing but the edge reaches the agent before Create returns, so the
+	// first command already runs under the network and file rules.
+	if err := b.connect(ctx, rec); err != nil {
+		b.runc.delete(context.WithoutCancel(ctx), id)
+		return fmt.Errorf("start sandbox %s: network: %w", id, err)
+	}
+	if err := b.pushFiles(ctx, rec); err != nil {
+		b.runc.delete(context.WithoutCancel(ctx), id)
+		return fmt.Errorf("start sandbox %s: %w", id, err)
+	}
 	b.recordBaseline(id)
 	return nil
 }
@@ -320,6 +402,12 @@ func listen(path string) (*os.File, error) {
 		return nil, fmt.Errorf("agent socket: %w", err)
 	}
 	l.SetUnlinkOnClose(false)
+	// The sandbox dir is reachable by the sandbox's own uid; its agent's
+	// socket is for root alone.
+	if err := os.Chmod(short, 0o600); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("agent socket: %w", err)
+	}
 	f, err := l.File()
 	l.Close()
 	if err != nil {
@@ -340,8 +428,13 @@ func (b *Backend) teardown(ctx context.Context, id string, rec *record) error {
 	if err := mount.Unmount(filepath.Join(dir, "rootfs")); err != nil {
 		errs = append(errs, err)
 	}
+	if err := mount.Unmount(filepath.Join(dir, "disk")); err != nil {
+		errs = append(errs, err)
+	}
 	if rec != nil {
+		b.disconnect(rec)
 		b.release(rec)
+		b.freeUIDs(id, rec.UIDs)
 	}
 	if len(errs) == 0 {
 		if err := os.RemoveAll(dir); err != nil {
@@ -381,8 +474,8 @@ func (b *Backend) get(id string) (*record, error) {
 	return rec, nil
 }
 
-// Reset implements backend.Backend: the container is stopped, its upper
-// dir thrown away (removed in the background), and a new container started
+// Reset implements backend.Backend: the container is stopped, its
+// writable layer replaced by an empty one, and a new container started
 // over the same, still-mounted layers.
 func (b *Backend) Reset(ctx context.Context, id string) error {
 	rec, err := b.get(id)
@@ -396,21 +489,19 @@ func (b *Backend) Reset(ctx context.Context, id string) error {
 	if err := mount.Unmount(filepath.Join(dir, "rootfs")); err != nil {
 		return fmt.Errorf("reset sandbox %s: %w", id, err)
 	}
-	for _, d := range []string{"upper", "work"} {
-		trash := filepath.Join(dir, fmt.Sprintf("trash-%d", b.trashN.Add(1)))
-		if err := os.Rename(filepath.Join(dir, d), trash); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("reset sandbox %s: %w", id, err)
-		}
-		b.trash.Add(1)
-		go func() {
-			defer b.trash.Done()
-			os.RemoveAll(trash)
-		}()
+	// A fresh image is O(1) whatever the sandbox wrote, and gives its
+	// blocks back to the node at once.
+	if err := mount.Unmount(filepath.Join(dir, "disk")); err != nil {
+		return fmt.Errorf("reset sandbox %s: %w", id, err)
+	}
+	if err := os.Remove(filepath.Join(dir, "disk.img")); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("reset sandbox %s: %w", id, err)
 	}
 	if err := b.start(ctx, rec); err != nil {
 		return fmt.Errorf("reset sandbox %s: %w", id, err)
 	}
-	return nil
+	// Its cgroup (and so its egress key) is new.
+	return writeJSON(filepath.Join(dir, "sandbox.json"), rec)
 }
 
 // Pause implements backend.Backend.
@@ -465,11 +556,8 @@ func (b *Backend) State(ctx context.Context, id string) (string, error) {
 	return api.StateFailed, nil
 }
 
-// Close waits for background removals.
-func (b *Backend) Close() error {
-	b.trash.Wait()
-	return nil
-}
+// Close implements io.Closer; the backend holds nothing that needs it.
+func (b *Backend) Close() error { return nil }
 
 // shortPath returns a name for path that fits in a sockaddr_un (108
 // bytes): the path itself if short, else the name through an O_PATH file

@@ -1,6 +1,7 @@
 package container_test
 
 import (
+	"os"
 	"path/filepath"
 	"testing"
 
@@ -16,15 +17,20 @@ func TestConformance(t *testing.T) {
 	agent := filepath.Join(testutil.Binaries(t), "dsec-agent")
 	backendtest.Run(t, backendtest.Fixture{
 		New: func(t *testing.T, root string) backend.Backend {
-			b, err := container.New(container.Config{
-				Root: root, AgentPath: agent, CgroupParent: "dsec-test-" + filepath.Base(root),
-			})
+			// The test's temporary directory has a random name: unique among
+			// the tests of everyone on the machine.
+			parent := "dsec-test-" + filepath.Base(filepath.Dir(root))
+			b, err := container.New(container.Config{Root: root, AgentPath: agent, CgroupParent: parent})
 			if err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() {
 				b.Close()
 				testutil.UnmountAll(root)
+				dirs, _ := filepath.Glob("/sys/fs/cgroup/*/" + parent)
+				for _, d := range append(dirs, "/sys/fs/cgroup/"+parent) {
+					os.Remove(d)
+				}
 			})
 			return b
 		},

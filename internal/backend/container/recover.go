@@ -8,19 +8,33 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/internal/backend"
 	"github.com/dsec-project/dsec/internal/errdefs"
+	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/mount"
 )
+
+// repairWorkers is how many broken sandboxes Recover restarts at once.
+const repairWorkers = 8
 
 // Recover implements backend.Backend. After an edge restart it:
 //   - removes sandboxes whose create never finished (no sandbox.json),
 //   - adopts running and paused containers as they are,
-//   - restarts containers whose init died, over their kept upper dir,
+//   - restarts, over their kept upper dir, containers whose init died and
+//     running ones whose agent can no longer be reached (its socket is
+//     gone or refuses connections),
+//   - mounts again the layers of adopted sandboxes whose mounts are gone,
 //   - deletes runc containers that have no sandbox directory,
 //   - unmounts layers no sandbox uses and removes stale runtime layers.
 func (b *Backend) Recover(ctx context.Context) ([]backend.Spec, error) {
+	if b.runc.waitStray(ctx, 30*time.Second) {
+		b.log.Info("recover: waited for runc commands the previous edge left running")
+	}
 	entries, err := os.ReadDir(filepath.Join(b.cfg.Root, "sandboxes"))
 	if err != nil {
 		return nil, fmt.Errorf("recover: %w", err)
@@ -28,7 +42,6 @@ func (b *Backend) Recover(ctx context.Context) ([]backend.Spec, error) {
 	var (
 		adopted  []*record
 		broken   []*record
-		inUse    = map[string]int{}
 		runtimes = map[string]bool{b.runtime: true}
 		known    = map[string]bool{}
 	)
@@ -44,40 +57,82 @@ func (b *Backend) Recover(ctx context.Context) ([]backend.Spec, error) {
 			continue
 		}
 		b.removeTrash(id)
-		st, err := b.runc.state(ctx, id)
-		if err == nil && (st.Status == "running" || st.Status == "paused") {
-			for _, l := range rec.Spec.Layers {
-				inUse[l.Digest]++
+		if rec.UIDs.Base == 0 { // made before sandboxes had id ranges
+			if rec.UIDs, err = b.allocUIDs(id); err != nil {
+				return nil, fmt.Errorf("recover %s: %w", id, err)
 			}
-			rec.acquired = true
-			adopted = append(adopted, rec)
 		} else {
+			b.mu.Lock()
+			b.uids[rec.UIDs.Base] = id
+			b.mu.Unlock()
+		}
+		if rec.IP.IsValid() && b.nets.net != nil {
+			b.nets.net.Reserve(id, rec.IP)
+		}
+		st, err := b.runc.state(ctx, id)
+		switch {
+		case err == nil && st.Status == "paused":
+			adopted = append(adopted, rec)
+		case err == nil && st.Status == "running":
+			if why := b.unreachable(ctx, id); why != nil {
+				b.log.Warn("recover: the agent of a running sandbox cannot be reached; restarting it", "sandbox", id, "reason", why)
+				broken = append(broken, rec)
+				break
+			}
+			adopted = append(adopted, rec)
+		default:
 			broken = append(broken, rec)
 		}
 		if len(rec.Lowers) > 0 {
 			runtimes[rec.Lowers[len(rec.Lowers)-1]] = true
 		}
 	}
-	if err := b.layers.Recover(inUse); err != nil {
-		return nil, fmt.Errorf("recover layers: %w", err)
+	remount, err := b.recoverLayers(adopted)
+	if err != nil {
+		return nil, err
 	}
 
 	var specs []backend.Spec
 	b.mu.Lock()
 	for _, rec := range adopted {
+		rec.acquired = true
 		b.sandboxes[rec.Spec.ID] = rec
 		specs = append(specs, rec.Spec)
 	}
 	b.mu.Unlock()
-	for _, rec := range broken {
-		if err := b.repair(ctx, rec); err != nil {
-			b.log.Error("recover: cannot restart sandbox; removing it", "sandbox", rec.Spec.ID, "err", err)
-			b.teardown(ctx, rec.Spec.ID, rec)
+	for _, l := range remount {
+		if _, err := b.layers.Acquire(ctx, l.Digest, l.Path); err != nil {
+			// The sandbox runs on (its overlay holds the old mount); a reset
+			// would fail until the layer mounts again.
+			b.log.Error("recover: mount a missing layer again", "layer", l.Digest, "err", err)
 			continue
 		}
-		b.log.Info("recover: restarted sandbox whose init had died", "sandbox", rec.Spec.ID)
-		specs = append(specs, rec.Spec)
+		b.log.Info("recover: mounted a missing layer again", "layer", l.Digest)
 	}
+	// After a host reboot every sandbox is broken: restart them a few at a
+	// time, not one by one.
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		workers = make(chan struct{}, repairWorkers)
+	)
+	for _, rec := range broken {
+		wg.Add(1)
+		workers <- struct{}{}
+		go func() {
+			defer func() { <-workers; wg.Done() }()
+			if err := b.repair(ctx, rec); err != nil {
+				b.log.Error("recover: cannot restart sandbox; removing it", "sandbox", rec.Spec.ID, "err", err)
+				b.teardown(ctx, rec.Spec.ID, rec)
+				return
+			}
+			b.log.Info("recover: restarted sandbox over its kept files", "sandbox", rec.Spec.ID)
+			mu.Lock()
+			specs = append(specs, rec.Spec)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
 
 	if ids, err := b.runc.list(ctx); err == nil {
 		for _, id := range ids {
@@ -89,6 +144,49 @@ func (b *Backend) Recover(ctx context.Context) ([]backend.Spec, error) {
 	}
 	b.pruneRuntimes(runtimes)
 	return specs, nil
+}
+
+// recoverLayers hands the layer pool the mounts the adopted sandboxes use
+// and returns one entry per sandbox and layer whose mount is gone, to be
+// acquired again (which mounts it).
+func (b *Backend) recoverLayers(adopted []*record) ([]backend.Layer, error) {
+	inUse := map[string]int{}
+	var remount []backend.Layer
+	for _, rec := range adopted {
+		for _, l := range rec.Spec.Layers {
+			h, err := layer.ParseDigest(l.Digest)
+			if err != nil {
+				return nil, fmt.Errorf("recover sandbox %s: %w", rec.Spec.ID, err)
+			}
+			if ok, err := mount.IsMountpoint(filepath.Join(b.cfg.Root, "layers", h)); err == nil && ok {
+				inUse[l.Digest]++
+			} else {
+				remount = append(remount, l)
+			}
+		}
+	}
+	if err := b.layers.Recover(inUse); err != nil {
+		return nil, fmt.Errorf("recover layers: %w", err)
+	}
+	return remount, nil
+}
+
+// unreachable says why a running sandbox's agent certainly cannot be
+// reached — its socket is gone, or nothing listens on it any more — and
+// nil otherwise. A slow agent is left alone: only a connection that cannot
+// be made counts, never a late answer.
+func (b *Backend) unreachable(ctx context.Context, id string) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	c, err := b.Dial(ctx, id)
+	if err == nil {
+		c.Close()
+		return nil
+	}
+	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ECONNREFUSED) {
+		return err
+	}
+	return nil
 }
 
 // repair restarts a sandbox whose container is gone, keeping its files.
@@ -112,6 +210,9 @@ func (b *Backend) repair(ctx context.Context, rec *record) error {
 		return err
 	}
 	if err := b.start(ctx, rec); err != nil {
+		return err
+	}
+	if err := writeJSON(filepath.Join(b.dir(id), "sandbox.json"), rec); err != nil {
 		return err
 	}
 	b.mu.Lock()

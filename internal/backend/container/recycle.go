@@ -117,7 +117,7 @@ func onlyInit(st containerState) (bool, error) {
 func (b *Backend) fingerprint(id string, st containerState) ([sha256.Size]byte, error) {
 	var sum [sha256.Size]byte
 	h := sha256.New()
-	if err := walk(h, filepath.Join(b.dir(id), "upper"), "upper"); err != nil {
+	if err := walk(h, b.upperDir(id), "upper"); err != nil {
 		return sum, err
 	}
 	mounts, err := scratchMounts(st.InitPid)

@@ -10,16 +10,20 @@ import (
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/backend"
+	"github.com/dsec-project/dsec/internal/idmap"
 )
 
 // agentPath is where the agent binary appears inside every sandbox, from
 // the runtime layer under the base.
 const agentPath = "/.dsec/dsec-agent"
 
-// defaultCaps is Docker's default capability set.
+// defaultCaps is Docker's default capability set without CAP_NET_RAW:
+// raw and packet sockets would let a sandbox forge frames on the bridge
+// and send packets the socket-level egress hooks never see. Capabilities
+// are those of the sandbox's own user namespace.
 var defaultCaps = []string{
 	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD",
-	"CAP_NET_RAW", "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP",
+	"CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP",
 	"CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
 }
 
@@ -42,7 +46,7 @@ const ociVersion = "1.0.2"
 const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 // ociSpec is the runtime spec of a sandbox's container.
-func ociSpec(sb backend.Spec, rootfs, cgroupsPath string, args []string) (*specs.Spec, error) {
+func ociSpec(sb backend.Spec, ids idmap.Range, rootfs, cgroupsPath string, args []string) (*specs.Spec, error) {
 	env := map[string]string{"PATH": defaultPath, "HOME": "/root", "TERM": "xterm", "DSEC_SANDBOX_ID": sb.ID}
 	maps.Copy(env, sb.Env)
 	envList := make([]string, 0, len(env))
@@ -83,7 +87,11 @@ func ociSpec(sb backend.Spec, rootfs, cgroupsPath string, args []string) (*specs
 			Namespaces: []specs.LinuxNamespace{
 				{Type: specs.PIDNamespace}, {Type: specs.NetworkNamespace}, {Type: specs.IPCNamespace},
 				{Type: specs.UTSNamespace}, {Type: specs.MountNamespace}, {Type: specs.CgroupNamespace},
+				{Type: specs.UserNamespace},
 			},
+			// Root inside is ids.Base outside, unique to this sandbox.
+			UIDMappings:   []specs.LinuxIDMapping{{ContainerID: 0, HostID: ids.Base, Size: idmap.Size}},
+			GIDMappings:   []specs.LinuxIDMapping{{ContainerID: 0, HostID: ids.Base, Size: idmap.Size}},
 			MaskedPaths:   maskedPaths,
 			ReadonlyPaths: readonlyPaths,
 		},
@@ -116,4 +124,18 @@ func resources(r api.Resources) *specs.LinuxResources {
 		out.Pids = &specs.LinuxPids{Limit: &limit}
 	}
 	return out
+}
+
+// withNetwork gives a sandbox that has an interface its resolv.conf, and
+// no IPv6 (its network is IPv4 only; this keeps link-local IPv6 off the
+// bridge). Sysctls apply inside the sandbox's own network namespace.
+func withNetwork(s *specs.Spec, resolvConf string) {
+	s.Mounts = append(s.Mounts, specs.Mount{
+		Destination: "/etc/resolv.conf", Type: "bind", Source: resolvConf,
+		Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"},
+	})
+	s.Linux.Sysctl = map[string]string{
+		"net.ipv6.conf.all.disable_ipv6":     "1",
+		"net.ipv6.conf.default.disable_ipv6": "1",
+	}
 }

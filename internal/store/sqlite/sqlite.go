@@ -101,6 +101,24 @@ var migrations = []string{
 		id TEXT PRIMARY KEY,
 		doc TEXT NOT NULL
 	);`,
+	// 2: idle timeouts (nanoseconds, 0 for none) and the trajectory log.
+	`ALTER TABLE sandboxes ADD COLUMN idle_timeout INTEGER NOT NULL DEFAULT 0;
+	CREATE INDEX sandboxes_idle ON sandboxes((last_active + idle_timeout)) WHERE idle_timeout > 0;
+	CREATE TABLE trajectory_steps (
+		tenant TEXT NOT NULL,
+		trajectory TEXT NOT NULL,
+		step INTEGER NOT NULL,
+		fingerprint TEXT NOT NULL,
+		attempt TEXT NOT NULL,
+		sandbox TEXT NOT NULL,
+		generation INTEGER NOT NULL,
+		state TEXT NOT NULL,
+		exit_code INTEGER,
+		result TEXT,
+		started_at INTEGER NOT NULL,
+		recorded_at INTEGER,
+		PRIMARY KEY (tenant, trajectory, step)
+	);`,
 }
 
 func (s *Store) migrate(ctx context.Context) error {
@@ -345,7 +363,8 @@ func sandboxArgs(sb *store.Sandbox) ([]any, error) {
 	if sb.DeletedAt != nil {
 		deleted = nanos(*sb.DeletedAt)
 	}
-	return []any{sb.Tenant, sb.API.State, sb.API.Node, expires, deleted, nanos(sb.LastActive), string(doc), sb.API.ID}, nil
+	idle := sb.API.IdleTimeoutSeconds * int64(time.Second)
+	return []any{sb.Tenant, sb.API.State, sb.API.Node, expires, deleted, nanos(sb.LastActive), idle, string(doc), sb.API.ID}, nil
 }
 
 // CreateSandbox implements store.Store.
@@ -355,7 +374,7 @@ func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 		return err
 	}
 	_, err = s.w.ExecContext(ctx, `INSERT INTO sandboxes (tenant, state, node, expires_at, deleted_at,
-		last_active, doc, id, version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1)`, args...)
+		last_active, idle_timeout, doc, id, version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 1)`, args...)
 	if isUnique(err) {
 		return fmt.Errorf("sandbox %s: %w", sb.API.ID, errdefs.ErrAlreadyExists)
 	}
@@ -439,7 +458,7 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
 		return err
 	}
 	res, err := s.w.ExecContext(ctx, `UPDATE sandboxes SET tenant = ?, state = ?, node = ?, expires_at = ?,
-		deleted_at = ?, last_active = ?, doc = ?, version = version + 1 WHERE id = ? AND version = ?`,
+		deleted_at = ?, last_active = ?, idle_timeout = ?, doc = ?, version = version + 1 WHERE id = ? AND version = ?`,
 		append(args, sb.Version)...)
 	if err != nil {
 		return fmt.Errorf("update sandbox: %w", err)
@@ -497,6 +516,10 @@ func (s *Store) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]sto
 	if f.ExpiredBy != nil {
 		where = append(where, "expires_at IS NOT NULL AND expires_at <= ?")
 		args = append(args, nanos(*f.ExpiredBy))
+	}
+	if f.IdleBy != nil {
+		where = append(where, "idle_timeout > 0 AND (last_active + idle_timeout) <= ?")
+		args = append(args, nanos(*f.IdleBy))
 	}
 	if f.PageToken != "" {
 		after, err := base64.RawURLEncoding.DecodeString(f.PageToken)

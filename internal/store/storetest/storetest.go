@@ -249,6 +249,9 @@ func Run(t *testing.T, open func(t *testing.T) store.Store, reopen func(t *testi
 		}
 	})
 
+	t.Run("sandboxes: idle filter and generation", func(t *testing.T) { idle(t, open(t)) })
+	t.Run("trajectory steps", func(t *testing.T) { steps(t, open(t), reopen) })
+
 	t.Run("durable across reopen", func(t *testing.T) {
 		s := open(t)
 		if err := s.CreateTenant(ctx, store.Tenant{ID: "t9", Name: "nine", CreatedAt: now}); err != nil {

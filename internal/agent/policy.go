@@ -1,0 +1,154 @@
+package agent
+
+import (
+	"net/http"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+
+	"github.com/dsec-project/dsec/internal/errdefs"
+)
+
+// Policy is the body of GET and PUT /policy: the rules every command
+// started from now on runs under.
+type Policy struct {
+	Phase string    `json:"phase,omitempty"`
+	Files FileRules `json:"files"`
+}
+
+// maxRulePaths bounds the paths of one policy.
+const maxRulePaths = 256
+
+func (s *Server) handleGetPolicy(w http.ResponseWriter, r *http.Request) {
+	s.policyMu.Lock()
+	p := Policy{Phase: s.phase, Files: s.files}
+	s.policyMu.Unlock()
+	writeJSON(w, http.StatusOK, &p)
+}
+
+// handlePutPolicy replaces the rules. Commands already running keep the
+// rules they started with; every command started after the answer gets
+// the new ones.
+func (s *Server) handlePutPolicy(w http.ResponseWriter, r *http.Request) {
+	var p Policy
+	if err := decodeJSON(w, r, &p, 1<<20); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if err := ValidateFileRules(p.Files); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	s.policyMu.Lock()
+	s.phase, s.files = p.Phase, p.Files
+	if s.spawner != nil {
+		s.spawner.stop()
+		s.spawner = nil
+	}
+	s.policyMu.Unlock()
+	logger(r).Info("policy", "phase", p.Phase, "deny", len(p.Files.Deny), "read_only", len(p.Files.ReadOnly))
+	writeJSON(w, http.StatusOK, &p)
+}
+
+// ValidateFileRules checks that every path is absolute, without '..', and
+// that there are not too many.
+func ValidateFileRules(f FileRules) error {
+	if len(f.Deny)+len(f.ReadOnly) > maxRulePaths {
+		return errdefs.Invalid("at most %d file rule paths", maxRulePaths)
+	}
+	for _, p := range append(append([]string{}, f.Deny...), f.ReadOnly...) {
+		if !filepath.IsAbs(p) || hasNUL(p) || strings.Contains(p+"/", "/../") || len(p) > 4096 {
+			return errdefs.Invalid("file rule path %q: want an absolute path without '..'", p)
+		}
+		if filepath.Clean(p) == "/" {
+			return errdefs.Invalid("file rule path %q: the root itself cannot be restricted", p)
+		}
+	}
+	return nil
+}
+
+type forkFunc func(argv0 string, argv []string, attr *syscall.ProcAttr) (int, error)
+
+// forker returns how the next command is forked: from the current phase's
+// spawner thread, which Landlock confines to the phase's file rules (and,
+// where the kernel has it, scopes signals and abstract sockets, so that no
+// command can signal the agent). All commands of one phase share its
+// domain and so can signal each other.
+func (s *Server) forker() forkFunc {
+	if s.noConfine {
+		return nil
+	}
+	return func(argv0 string, argv []string, attr *syscall.ProcAttr) (int, error) {
+		// Held across the fork: a phase change waits for it, and no fork
+		// reaches a stopped spawner.
+		s.policyMu.Lock()
+		defer s.policyMu.Unlock()
+		if s.spawner == nil {
+			sp, err := newSpawner(s.cfg.Root, s.files)
+			if err != nil {
+				return 0, &confineError{err}
+			}
+			s.spawner = sp
+		}
+		return s.spawner.fork(argv0, argv, attr)
+	}
+}
+
+// spawner is an OS thread confined once to a phase's rules, forking that
+// phase's commands. When the phase ends its thread exits and is gone.
+type spawner struct {
+	reqs chan spawnReq
+}
+
+type spawnReq struct {
+	argv0 string
+	argv  []string
+	attr  *syscall.ProcAttr
+	res   chan spawnRes
+}
+
+type spawnRes struct {
+	pid int
+	err error
+}
+
+func newSpawner(root string, rules FileRules) (*spawner, error) {
+	sp := &spawner{reqs: make(chan spawnReq)}
+	ready := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread dies with this goroutine
+		if err := restrictThread(root, rules); err != nil {
+			ready <- err
+			return
+		}
+		ready <- nil
+		for req := range sp.reqs {
+			pid, err := syscall.ForkExec(req.argv0, req.argv, req.attr)
+			req.res <- spawnRes{pid, err}
+		}
+	}()
+	if err := <-ready; err != nil {
+		return nil, err
+	}
+	return sp, nil
+}
+
+// fork runs ForkExec on the spawner's thread.
+func (sp *spawner) fork(argv0 string, argv []string, attr *syscall.ProcAttr) (int, error) {
+	res := make(chan spawnRes, 1)
+	sp.reqs <- spawnReq{argv0, argv, attr, res}
+	r := <-res
+	return r.pid, r.err
+}
+
+// stop ends the spawner. Callers hold the server's policy lock, as every
+// fork does.
+func (sp *spawner) stop() { close(sp.reqs) }
+
+// confineError is a failure to restrict a command before it starts: the
+// agent's fault, not the command's.
+type confineError struct{ err error }
+
+func (e *confineError) Error() string { return "confine command: " + e.err.Error() }
+func (e *confineError) Unwrap() error { return e.err }

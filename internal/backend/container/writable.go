@@ -1,0 +1,125 @@
+package container
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/dsec-project/dsec/internal/backend"
+	"github.com/dsec-project/dsec/internal/disk"
+	"github.com/dsec-project/dsec/internal/errdefs"
+	"github.com/dsec-project/dsec/internal/idmap"
+	"github.com/dsec-project/dsec/internal/mount"
+)
+
+// diskMB is the size of a sandbox's writable layer.
+func diskMB(s backend.Spec) int64 {
+	if s.Resources.DiskMB > 0 {
+		return s.Resources.DiskMB
+	}
+	return defaultDiskMB
+}
+
+// upperDir is the sandbox's overlay upper dir, on its writable layer.
+func (b *Backend) upperDir(id string) string { return filepath.Join(b.dir(id), "disk", "upper") }
+
+// mountDisk makes sure the sandbox's writable layer is mounted at
+// <dir>/disk with its upper and work dirs: a new image on create, the kept
+// one after an edge restart.
+func (b *Backend) mountDisk(ctx context.Context, rec *record) error {
+	dir := b.dir(rec.Spec.ID)
+	target := filepath.Join(dir, "disk")
+	if err := os.MkdirAll(target, 0o755); err != nil {
+		return err
+	}
+	mounted, err := mount.IsMountpoint(target)
+	if err != nil {
+		return err
+	}
+	if !mounted {
+		img := filepath.Join(dir, "disk.img")
+		if _, err := os.Stat(img); errors.Is(err, os.ErrNotExist) {
+			if err := b.disks.Create(ctx, img, diskMB(rec.Spec)); err != nil {
+				return err
+			}
+		} else if err := disk.Check(ctx, img); err != nil { // the node went down
+			return err
+		}
+		if err := disk.Mount(img, target); err != nil {
+			return err
+		}
+	}
+	// Only root on the host, and the overlay, reach the upper dir.
+	if err := os.Chmod(target, 0o700); err != nil {
+		return fmt.Errorf("writable layer: %w", err)
+	}
+	// Owned by 0 on disk: root of the sandbox through the idmapped mount.
+	for _, d := range []string{"upper", "work"} {
+		if err := os.Mkdir(filepath.Join(target, d), 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("writable layer: %w", err)
+		}
+	}
+	return nil
+}
+
+// mountRootfs mounts the sandbox's overlay at rootfs, every layer idmapped
+// to the sandbox's id range.
+func (b *Backend) mountRootfs(rec *record, rootfs string) error {
+	ns, err := idmap.UserNS(rec.UIDs)
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	return idmap.Overlay(rec.UIDs, ns, rec.Lowers, filepath.Join(b.dir(rec.Spec.ID), "disk"), rootfs)
+}
+
+// allocUIDs reserves a free id range for sandbox id.
+func (b *Backend) allocUIDs(id string) (idmap.Range, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for i := range b.cfg.MaxSandboxes {
+		base := b.cfg.UIDBase + uint32(i)*idmap.Size
+		if _, used := b.uids[base]; !used {
+			b.uids[base] = id
+			return idmap.Range{Base: base}, nil
+		}
+	}
+	return idmap.Range{}, fmt.Errorf("all %d id ranges of this node are in use: %w", b.cfg.MaxSandboxes, errdefs.ErrResourceExhausted)
+}
+
+// freeUIDs returns a sandbox's id range, if it still holds it.
+func (b *Backend) freeUIDs(id string, r idmap.Range) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.uids[r.Base] == id {
+		delete(b.uids, r.Base)
+	}
+}
+
+// traversable lets every id reach (not list) dir and its ancestors: runc
+// mounts a sandbox's root file system from inside its user namespace, as
+// an unprivileged host uid. Nothing is readable through o+x alone.
+func traversable(dir string) error {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return err
+	}
+	for p := abs; ; p = filepath.Dir(p) {
+		var st unix.Stat_t
+		if err := unix.Stat(p, &st); err != nil {
+			return err
+		}
+		if st.Mode&0o001 == 0 {
+			if err := unix.Chmod(p, (st.Mode&0o7777)|0o001); err != nil {
+				return fmt.Errorf("make %s traversable: %w", p, err)
+			}
+		}
+		if p == "/" {
+			return nil
+		}
+	}
+}

@@ -1,0 +1,148 @@
+package disk_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/dsec-project/dsec/internal/disk"
+	"github.com/dsec-project/dsec/internal/mount"
+	"github.com/dsec-project/dsec/internal/testutil"
+)
+
+func require(t testing.TB) {
+	testutil.Require(t, testutil.Root, testutil.Tool("mkfs.ext4"), testutil.File("/dev/loop-control"), testutil.Filesystem("ext4"))
+}
+
+// TestLimit: a file system of the size asked, full at that size, that
+// costs the node only what was written and gives it back when deleted.
+func TestLimit(t *testing.T) {
+	require(t)
+	dir := t.TempDir()
+	tm, err := disk.NewTemplates(filepath.Join(dir, "templates"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, mnt := filepath.Join(dir, "disk.img"), filepath.Join(dir, "mnt")
+	os.Mkdir(mnt, 0o755)
+	if err := tm.Create(context.Background(), img, 32); err != nil {
+		t.Fatal(err)
+	}
+	if used := allocated(t, img); used > 2<<20 {
+		t.Fatalf("a fresh 32 MiB image takes %d bytes on the node", used)
+	}
+	if err := disk.Mount(img, mnt); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { mount.Unmount(mnt) })
+
+	f, err := os.Create(filepath.Join(mnt, "fill"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 1<<20)
+	var written int64
+	for {
+		n, err := f.Write(buf)
+		written += int64(n)
+		if errors.Is(err, syscall.ENOSPC) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if written > 64<<20 {
+			t.Fatal("wrote past the limit without ENOSPC")
+		}
+	}
+	f.Close()
+	if written < 20<<20 {
+		t.Fatalf("ENOSPC after only %d bytes of 32 MiB", written)
+	}
+	unix.Sync()
+	if used := allocated(t, img); used > 34<<20 {
+		t.Fatalf("the image takes %d bytes on the node for a 32 MiB disk", used)
+	}
+	os.Remove(filepath.Join(mnt, "fill"))
+	// ext4 discards freed blocks once their transaction commits.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		unix.Syncfs(int(mustOpen(t, mnt).Fd()))
+		used := allocated(t, img)
+		if used <= 8<<20 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("deleted blocks were not given back: %d bytes", used)
+		}
+	}
+	if err := mount.Unmount(mnt); err != nil {
+		t.Fatal(err)
+	}
+	if err := tm.Recreate(context.Background(), img, 32); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func mustOpen(t *testing.T, p string) *os.File {
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+func allocated(t testing.TB, p string) int64 {
+	var st unix.Stat_t
+	if err := unix.Stat(p, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Blocks * 512
+}
+
+// BenchmarkCreateMount is what a sandbox's size-limited writable layer
+// costs at create: copy the template, attach a loop device, mount.
+func BenchmarkCreateMount(b *testing.B) {
+	require(b)
+	dir := b.TempDir()
+	tm, err := disk.NewTemplates(filepath.Join(dir, "templates"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	mnt := filepath.Join(dir, "mnt")
+	os.Mkdir(mnt, 0o755)
+	if err := tm.Create(context.Background(), filepath.Join(dir, "warm.img"), 10240); err != nil {
+		b.Fatal(err)
+	}
+	var before, after unix.Rusage
+	unix.Getrusage(unix.RUSAGE_SELF, &before)
+	var tCopy, tMount time.Duration
+	for i := 0; b.Loop(); i++ {
+		img := filepath.Join(dir, strconv.Itoa(i)+".img")
+		t0 := time.Now()
+		if err := tm.Create(context.Background(), img, 10240); err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		if err := disk.Mount(img, mnt); err != nil {
+			b.Fatal(err)
+		}
+		tCopy, tMount = tCopy+t1.Sub(t0), tMount+time.Since(t1)
+		b.StopTimer()
+		mount.Unmount(mnt)
+		os.Remove(img)
+		b.StartTimer()
+	}
+	unix.Getrusage(unix.RUSAGE_SELF, &after)
+	cpu := func(r unix.Rusage) float64 { return float64(r.Utime.Nano()+r.Stime.Nano()) / 1e6 }
+	b.ReportMetric((cpu(after)-cpu(before))/float64(b.N), "cpu-ms/op")
+	b.ReportMetric(float64(tCopy.Microseconds())/1000/float64(b.N), "copy-ms/op")
+	b.ReportMetric(float64(tMount.Microseconds())/1000/float64(b.N), "loop+mount-ms/op")
+}
