@@ -25,7 +25,7 @@ type FnCallConfig struct {
 	// measures the saturated throughput.
 	Rate     float64
 	MemoryMB int64
-	Out                          io.Writer
+	Out      io.Writer
 }
 
 // FnCall times short calls on the warm pool against the same command run

@@ -367,14 +367,17 @@ func sandboxArgs(sb *store.Sandbox) ([]any, error) {
 	return []any{sb.Tenant, sb.API.State, sb.API.Node, expires, deleted, nanos(sb.LastActive), idle, string(doc), sb.API.ID}, nil
 }
 
+// insertSandbox takes sandboxArgs.
+const insertSandbox = `INSERT INTO sandboxes (tenant, state, node, expires_at, deleted_at,
+	last_active, idle_timeout, doc, id, version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 1)`
+
 // CreateSandbox implements store.Store.
 func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	args, err := sandboxArgs(sb)
 	if err != nil {
 		return err
 	}
-	_, err = s.w.ExecContext(ctx, `INSERT INTO sandboxes (tenant, state, node, expires_at, deleted_at,
-		last_active, idle_timeout, doc, id, version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 1)`, args...)
+	_, err = s.w.ExecContext(ctx, insertSandbox, args...)
 	if isUnique(err) {
 		return fmt.Errorf("sandbox %s: %w", sb.API.ID, errdefs.ErrAlreadyExists)
 	}
@@ -396,8 +399,7 @@ func (s *Store) CreateSandboxes(ctx context.Context, list []*store.Sandbox) erro
 		return fmt.Errorf("create sandboxes: %w", err)
 	}
 	defer tx.Rollback()
-	stmt, err := tx.PrepareContext(ctx, `INSERT INTO sandboxes (tenant, state, node, expires_at, deleted_at,
-		last_active, doc, id, version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1)`)
+	stmt, err := tx.PrepareContext(ctx, insertSandbox)
 	if err != nil {
 		return fmt.Errorf("create sandboxes: %w", err)
 	}
