@@ -93,6 +93,9 @@ def spec(
     ttl_seconds: Optional[int] = None,
     labels: Optional[Mapping[str, str]] = None,
     env: Optional[Mapping[str, str]] = None,
+    phases: Optional[Mapping[str, Any]] = None,
+    profile: Optional[str] = None,
+    idle_timeout_seconds: Optional[int] = None,
 ) -> Dict[str, Any]:
     """The JSON of a create request (also the spec of a batch)."""
     d: Dict[str, Any] = {}
@@ -105,7 +108,10 @@ def spec(
             res[k] = v
     if res:
         d["resources"] = res
-    for k, v in (("backend", backend), ("snapshot", snapshot), ("phase", phase), ("ttl_seconds", ttl_seconds)):
+    if phases:
+        d["phases"] = {k: dict(v) for k, v in phases.items()}
+    for k, v in (("backend", backend), ("snapshot", snapshot), ("phase", phase), ("ttl_seconds", ttl_seconds),
+                 ("profile", profile), ("idle_timeout_seconds", idle_timeout_seconds)):
         if v:
             d[k] = v
     if network is not None:
@@ -238,3 +244,15 @@ def proc_path(sid: str, pid: str = "", rest: str = "") -> str:
     if rest:
         p += "/" + rest
     return p
+
+
+def renew(sid: str, ttl_seconds: Optional[int]) -> Req:
+    """POST /v1/sandboxes/{id}/renew: the lease ends ttl_seconds from now
+    (the sandbox's own TTL when None)."""
+    return jreq("POST", sb_path(sid, "renew"), {"ttl_seconds": ttl_seconds} if ttl_seconds else None)
+
+
+def keepalive_interval(info_raw: Dict[str, Any], ttl_seconds: Optional[int]) -> float:
+    """How often to renew: a third of the lease, between 1 s and 5 min."""
+    ttl = ttl_seconds or int(info_raw.get("ttl_seconds") or 0) or 600
+    return float(min(max(ttl / 3.0, 1.0), 300.0))

@@ -266,13 +266,39 @@ class AsyncSandbox:
             self.info.phase = phase
         return self
 
+    async def renew(self, ttl_seconds: Optional[int] = None) -> "AsyncSandbox":
+        """Extends the lease: the sandbox now expires ``ttl_seconds`` from now
+        (its own TTL when not given)."""
+        self.info = SandboxInfo.from_json(await self.client._json(_ops.renew(self.id, ttl_seconds)))
+        return self
+
+    def keepalive(self, ttl_seconds: Optional[int] = None) -> "asyncio.Task[None]":
+        """Renews the lease from a task, every third of the TTL, until the
+        task is cancelled (``async with`` does both)."""
+        async def run() -> None:
+            interval = _ops.keepalive_interval(self.info.raw, ttl_seconds)
+            while True:
+                await asyncio.sleep(interval)
+                try:
+                    await self.renew(ttl_seconds)
+                except ApiError as e:
+                    if e.code == "not_found":
+                        return
+                except DsecError:
+                    pass
+        return asyncio.get_running_loop().create_task(run())
+
     async def close(self) -> None:
+        ka = getattr(self, "_keepalive", None)
+        if ka is not None:
+            ka.cancel()
         await self.client.delete(self.id)
         self.info.state = "deleted"
 
     delete = close
 
     async def __aenter__(self) -> "AsyncSandbox":
+        self._keepalive = self.keepalive()
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Union
@@ -105,9 +106,10 @@ class Client:
         "toolkit"}``), or ``base``/``workspace``/``toolkit``; ``backend``
         (``container`` default, ``fncall`` takes a warm one, ``microvm``,
         ``fullvm``); ``snapshot``; ``resources`` or ``cpu``/``memory_mb``/
-        ``disk_mb``/``pids``; ``network``; ``phase``; ``ttl_seconds``;
-        ``labels``; ``env``. ``with client.create(...) as sb:`` destroys it on
-        exit.
+        ``disk_mb``/``pids``; ``network``; ``phase``/``phases``/``profile``;
+        ``ttl_seconds``; ``idle_timeout_seconds``; ``labels``; ``env``.
+        ``with client.create(...) as sb:`` renews its lease in the background
+        while the block runs and destroys it on exit.
         """
         body = _ops.spec(**spec)
         return Sandbox(self, SandboxInfo.from_json(self._json(_ops.create(body, timeout))))
@@ -395,18 +397,66 @@ class Sandbox:
             self.info.phase = phase
         return self
 
+    def renew(self, ttl_seconds: Optional[int] = None) -> "Sandbox":
+        """Extends the lease: the sandbox now expires ``ttl_seconds`` from now
+        (its own TTL when not given)."""
+        self.info = SandboxInfo.from_json(self.client._json(_ops.renew(self.id, ttl_seconds)))
+        return self
+
+    def keepalive(self, ttl_seconds: Optional[int] = None) -> "Keepalive":
+        """Renews the lease from a background thread, every third of the TTL,
+        until :meth:`Keepalive.stop` (or this process ends, after which the
+        lease runs out and the server reaps the sandbox)."""
+        return Keepalive(self, ttl_seconds)
+
     def close(self) -> None:
         """Destroys the sandbox; idempotent."""
+        ka = getattr(self, "_keepalive", None)
+        if ka is not None:
+            ka.stop()
         self.client.delete(self.id)
         self.info.state = "deleted"
 
     delete = close
 
     def __enter__(self) -> "Sandbox":
+        self._keepalive = self.keepalive()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class Keepalive:
+    """A background thread renewing a sandbox's lease; see :meth:`Sandbox.keepalive`.
+
+    ``error`` holds the last renewal error (a sandbox already gone ends it)."""
+
+    def __init__(self, sb: "Sandbox", ttl_seconds: Optional[int]) -> None:
+        self.error: Optional[BaseException] = None
+        self._sb, self._ttl = sb, ttl_seconds
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="dsec-keepalive-" + sb.id, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        interval = _ops.keepalive_interval(self._sb.info.raw, self._ttl)
+        while not self._stop.wait(interval):
+            try:
+                self._sb.renew(self._ttl)
+                self.error = None
+            except ApiError as e:
+                self.error = e
+                if e.code == "not_found":
+                    return
+            except DsecError as e:
+                self.error = e
+
+    def stop(self) -> None:
+        """Stops renewing (the lease then runs its course)."""
+        self._stop.set()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=5)
 
 
 class ExecStream:

@@ -44,6 +44,16 @@ class AsyncTest(unittest.IsolatedAsyncioTestCase):
         with self.assertRaises(libdsec.NotFoundError):
             await sb.exec("true")
 
+    async def test_renew_and_keepalive(self):
+        async with await self.client.create(base=BASE, resources=SMALL, ttl_seconds=60) as sb:
+            self.assertIsNotNone(sb._keepalive)  # async with renews while it runs
+            before = sb.info.expires_at
+            await sb.renew(3600)
+            self.assertNotEqual(sb.info.expires_at, before)
+        self.assertTrue(sb._keepalive.cancelled() or sb._keepalive.done())
+        with self.assertRaises(libdsec.NotFoundError):
+            await sb.renew()
+
     async def test_concurrent_execs_share_connections(self):
         sb = await self.client.create(base=BASE, resources=SMALL)
         try:

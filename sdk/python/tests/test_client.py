@@ -1,6 +1,7 @@
 """libdsec against a real dsec server ($DSEC_URL, $DSEC_API_KEY): make test
 starts one (internal/e2e/python_test.go)."""
 
+import datetime
 import os
 import sys
 import threading
@@ -12,6 +13,17 @@ import libdsec  # noqa: E402
 
 BASE = os.environ.get("DSEC_TEST_BASE", "base:minimal")
 SMALL = {"memory_mb": 64}
+
+
+def ts(s: str) -> datetime.datetime:
+    """An RFC 3339 time from the API (Python 3.9's fromisoformat takes no Z
+    and at most six fractional digits)."""
+    s = s.replace("Z", "+00:00")
+    if "." in s:
+        head, rest = s.split(".", 1)
+        frac, tz = rest[:rest.index("+")], rest[rest.index("+"):]
+        s = head + "." + (frac + "000000")[:6] + tz
+    return datetime.datetime.fromisoformat(s)
 
 
 def server_or_skip(test: unittest.TestCase) -> None:
@@ -131,6 +143,27 @@ class LifecycleTest(unittest.TestCase):
         self.assertIn(sb.id, cm.exception.message)
         self.assertEqual(self.client.get(sb.id).state, "deleted")
         sb.close()  # idempotent
+
+    def test_renew_and_keepalive(self):
+        sb = self.client.create(base=BASE, resources=SMALL, ttl_seconds=60, idle_timeout_seconds=600)
+        try:
+            self.assertEqual(sb.info.raw.get("idle_timeout_seconds"), 600)
+            before = ts(sb.info.expires_at)
+            sb.renew(3600)
+            self.assertGreater(ts(sb.info.expires_at), before)
+            first = ts(sb.renew(3).info.expires_at)
+            ka = sb.keepalive(ttl_seconds=3)  # renews every second
+            for _ in range(50):
+                threading.Event().wait(0.1)
+                if ts(sb.refresh().info.expires_at) > first:
+                    break
+            ka.stop()
+            self.assertGreater(ts(sb.info.expires_at), first, "keepalive did not renew")
+            self.assertIsNone(ka.error)
+        finally:
+            sb.close()
+        with self.assertRaises(libdsec.NotFoundError):
+            sb.renew()
 
     def test_snapshot_and_phase_follow_the_contract(self):
         with self.client.create(base=BASE, resources=SMALL) as sb:
