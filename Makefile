@@ -7,10 +7,12 @@ GO      ?= go
 DATA    ?= .dsec
 LISTEN  ?= 127.0.0.1:7070
 # Debian packages dsec needs on a node.
-DEBS    := runc erofs-utils busybox-static fuse3 iproute2 python3 e2fsprogs nftables
+DEBS    := runc erofs-utils busybox-static fuse3 iproute2 python3 e2fsprogs nftables debootstrap
+# Go tools the tests run (a real S3 server), built into bin/.
+VERSITYGW := github.com/versity/versitygw/cmd/versitygw@v1.8.0
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: all build run test deps check-go clean
+.PHONY: all build run test deps tools check-go clean
 
 all: build
 
@@ -25,6 +27,10 @@ deps:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
 
+# tools builds the Go tools tests need, once.
+tools: check-go
+	@test -x bin/versitygw || GOBIN=$(CURDIR)/bin $(GO) install $(VERSITYGW)
+
 build: check-go
 	CGO_ENABLED=0 $(GO) build -o bin/dsec-agent ./cmd/dsec-agent
 	CGO_ENABLED=0 $(GO) build -o bin/dsec ./cmd/dsec
@@ -32,7 +38,7 @@ build: check-go
 run: deps build
 	./bin/dsec server --data $(DATA) --listen $(LISTEN)
 
-test: deps build
+test: deps tools build
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 30m ./...
 
