@@ -75,9 +75,17 @@ type Phaser interface {
 	SetPhase(ctx context.Context, id string, p Policy) error
 }
 
-// Layer is one read-only layer image available on this node.
+// Layer is one read-only layer available on this node: what files make it
+// up. A backend mounts Path as EROFS, adding device=Device when Device is
+// set (a chunked layer: Path is its metadata image, Device its data blob);
+// a VM backend attaches them as disks in the same roles.
 type Layer struct {
 	Digest string `json:"digest"`
 	// Path is the EROFS image file on this node.
 	Path string `json:"path"`
+	// Device is the file holding the layer's data, if separate: a blobfs
+	// file (read on demand) or a complete copy on node disk.
+	Device string `json:"device,omitempty"`
+	// OnDemand says Device is a blobfs file, best read with direct I/O.
+	OnDemand bool `json:"on_demand,omitempty"`
 }

@@ -23,10 +23,11 @@ import (
 	"github.com/dsec-project/dsec/internal/errdefs"
 )
 
-// Layers finds layer images on this node, fetching them if needed.
+// Layers makes layers available on this node, fetching what they need.
 type Layers interface {
-	// Fetch returns the path of the EROFS image with the digest.
-	Fetch(ctx context.Context, digest string) (string, error)
+	// Fetch returns the files of the layer with the digest on this node:
+	// the image to mount and, for a chunked layer, its data device.
+	Fetch(ctx context.Context, digest string) (backend.Layer, error)
 }
 
 // Config configures an edge.
@@ -161,11 +162,11 @@ func (e *Edge) Create(ctx context.Context, req CreateRequest) (Status, error) {
 		Network: req.Network, Files: req.Files, NeedsNetwork: req.NeedsNetwork, Env: req.Env, Phase: req.Phase,
 	}
 	for _, d := range req.Layers {
-		p, err := e.cfg.Layers.Fetch(ctx, d)
+		l, err := e.cfg.Layers.Fetch(ctx, d)
 		if err != nil {
 			return Status{}, fmt.Errorf("fetch layer %s: %w", d, err)
 		}
-		spec.Layers = append(spec.Layers, backend.Layer{Digest: d, Path: p})
+		spec.Layers = append(spec.Layers, l)
 	}
 	sb := e.newSandbox(spec, b)
 	sb.op.Lock()
@@ -299,8 +300,12 @@ type LocalLayers struct {
 }
 
 // Fetch implements Layers.
-func (l LocalLayers) Fetch(_ context.Context, digest string) (string, error) {
-	return l.Store.Path(digest)
+func (l LocalLayers) Fetch(_ context.Context, digest string) (backend.Layer, error) {
+	p, err := l.Store.Path(digest)
+	if err != nil {
+		return backend.Layer{}, err
+	}
+	return backend.Layer{Digest: digest, Path: p}, nil
 }
 
 // SetPhase switches a sandbox to another policy phase, in place.

@@ -44,15 +44,20 @@ const imageUUID = "00000000-0000-0000-0000-000000000000"
 // time. That build time is the one thing left that differs between two
 // builds of one tree, and normalizeSuperblock zeroes it (erofs-utils 1.8
 // can do the same with -T0 --mkfs-time).
-func mkfsArgs(srcDir, outPath string) []string {
-	return []string{
+//
+// With blobPath set, regular files' data goes to that separate blob device
+// in erofsChunkSize chunks, and outPath holds the metadata alone.
+func mkfsArgs(srcDir, outPath, blobPath string) []string {
+	args := []string{
 		"--quiet",
 		"-U" + imageUUID,
 		"-Eforce-inode-extended",
 		"--preserve-mtime",
-		outPath,
-		srcDir,
 	}
+	if blobPath != "" {
+		args = append(args, fmt.Sprintf("--chunksize=%d", erofsChunkSize), "--blobdev="+blobPath)
+	}
+	return append(args, outPath, srcDir)
 }
 
 // mkfsEnv is the builder's environment: ours without SOURCE_DATE_EPOCH,
@@ -91,27 +96,37 @@ func Build(ctx context.Context, srcDir, outPath string) (Image, error) {
 }
 
 func build(ctx context.Context, srcDir, outPath string) (Image, error) {
-	st, err := os.Stat(srcDir)
-	if err != nil {
+	if err := runMkfs(ctx, srcDir, outPath, ""); err != nil {
 		return Image{}, err
 	}
+	return digestFile(outPath)
+}
+
+// buildChunked makes the metadata image metaPath and the blob blobPath of
+// srcDir.
+func buildChunked(ctx context.Context, srcDir, metaPath, blobPath string) error {
+	return runMkfs(ctx, srcDir, metaPath, blobPath)
+}
+
+func runMkfs(ctx context.Context, srcDir, outPath, blobPath string) error {
+	st, err := os.Stat(srcDir)
+	if err != nil {
+		return err
+	}
 	if !st.IsDir() {
-		return Image{}, errdefs.Invalid("%s is not a directory", srcDir)
+		return errdefs.Invalid("%s is not a directory", srcDir)
 	}
 	var stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, mkfsTool, mkfsArgs(srcDir, outPath)...)
+	cmd := exec.CommandContext(ctx, mkfsTool, mkfsArgs(srcDir, outPath, blobPath)...)
 	cmd.Env = mkfsEnv()
 	cmd.Stderr = &limitedBuffer{buf: &stderr, max: 16 << 10}
 	if err := cmd.Run(); err != nil {
 		if ctx.Err() != nil {
-			return Image{}, ctx.Err()
+			return ctx.Err()
 		}
-		return Image{}, fmt.Errorf("%s: %w: %s", mkfsTool, err, strings.TrimSpace(stderr.String()))
+		return fmt.Errorf("%s: %w: %s", mkfsTool, err, strings.TrimSpace(stderr.String()))
 	}
-	if err := normalizeSuperblock(outPath); err != nil {
-		return Image{}, err
-	}
-	return digestFile(outPath)
+	return normalizeSuperblock(outPath)
 }
 
 // limitedBuffer keeps the first max bytes written to it; a tool that

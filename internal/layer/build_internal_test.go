@@ -19,7 +19,7 @@ func TestNormalizeSuperblock(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := filepath.Join(t.TempDir(), "img.erofs")
-	if b, err := exec.Command(mkfsTool, mkfsArgs(src, out)...).CombinedOutput(); err != nil {
+	if b, err := exec.Command(mkfsTool, mkfsArgs(src, out, "")...).CombinedOutput(); err != nil {
 		t.Fatalf("%s: %v: %s", mkfsTool, err, b)
 	}
 	block := func() []byte {

@@ -56,10 +56,10 @@ func NewLayers(root string) (*Layers, error) {
 }
 
 // Acquire returns the mountpoint of the layer with the given digest,
-// mounting the EROFS image at imagePath there if no sandbox uses it yet,
+// mounting src there if no sandbox uses it yet,
 // and counts one more user. Concurrent Acquires of one layer mount it once;
 // a failed mount leaves no directory behind.
-func (l *Layers) Acquire(ctx context.Context, digest, imagePath string) (string, error) {
+func (l *Layers) Acquire(ctx context.Context, digest string, src Source) (string, error) {
 	h, err := layer.ParseDigest(digest)
 	if err != nil {
 		return "", fmt.Errorf("acquire layer: %w", err)
@@ -76,7 +76,7 @@ func (l *Layers) Acquire(ctx context.Context, digest, imagePath string) (string,
 			m = &layerMount{busy: make(chan struct{})}
 			l.mounts[h] = m
 			l.mu.Unlock()
-			err := mountLayer(imagePath, target)
+			err := mountLayer(src, target)
 			l.mu.Lock()
 			close(m.busy)
 			m.busy = nil
@@ -254,17 +254,17 @@ func (l *Layers) hexOf(mp string) string {
 	return h
 }
 
-// mountLayer mounts the image at target, creating target. A mount already
+// mountLayer mounts src at target, creating target. A mount already
 // there (left by a previous run that Recover was not asked about) is the
 // same layer, since target is named by digest, and is taken over.
-func mountLayer(imagePath, target string) error {
+func mountLayer(src Source, target string) error {
 	if err := os.Mkdir(target, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 		return fmt.Errorf("create mountpoint: %w", err)
 	}
 	if mounted, err := IsMountpoint(target); err != nil || mounted {
 		return err
 	}
-	if err := EROFS(imagePath, target); err != nil {
+	if err := EROFSFrom(src, target); err != nil {
 		unix.Rmdir(target)
 		return err
 	}

@@ -70,11 +70,11 @@ func TestLayersRefcount(t *testing.T) {
 		wantRefs    int
 		wantMounted bool
 	}{
-		{"first acquire mounts", func() error { _, err := l.Acquire(ctx, digest, img); return err }, 1, true},
-		{"second acquire shares", func() error { _, err := l.Acquire(ctx, digest, img); return err }, 2, true},
+		{"first acquire mounts", func() error { _, err := l.Acquire(ctx, digest, Source{Image: img}); return err }, 1, true},
+		{"second acquire shares", func() error { _, err := l.Acquire(ctx, digest, Source{Image: img}); return err }, 2, true},
 		{"release keeps it for the other user", func() error { return l.Release(digest) }, 1, true},
 		{"last release unmounts", func() error { return l.Release(digest) }, 0, false},
-		{"acquire after all released mounts again", func() error { _, err := l.Acquire(ctx, digest, img); return err }, 1, true},
+		{"acquire after all released mounts again", func() error { _, err := l.Acquire(ctx, digest, Source{Image: img}); return err }, 1, true},
 		{"and releases again", func() error { return l.Release(digest) }, 0, false},
 	}
 	for _, s := range steps {
@@ -106,12 +106,12 @@ func TestLayersRefcount(t *testing.T) {
 		want error
 	}{
 		{"release of an unacquired layer", func() error { return l.Release(digest) }, errdefs.ErrNotFound},
-		{"acquire with a bad digest", func() error { _, err := l.Acquire(ctx, "sha256:nope", img); return err }, errdefs.ErrInvalid},
+		{"acquire with a bad digest", func() error { _, err := l.Acquire(ctx, "sha256:nope", Source{Image: img}); return err }, errdefs.ErrInvalid},
 		{"release with a bad digest", func() error { return l.Release("nope") }, errdefs.ErrInvalid},
 		{"acquire with a cancelled context", func() error {
 			cctx, cancel := context.WithCancel(ctx)
 			cancel()
-			_, err := l.Acquire(cctx, digest, img)
+			_, err := l.Acquire(cctx, digest, Source{Image: img})
 			return err
 		}, context.Canceled},
 	}
@@ -132,7 +132,7 @@ func TestLayersFailedMountLeavesNothing(t *testing.T) {
 	}
 	digest := "sha256:" + strings.Repeat("ab", 32)
 	l, root := newTestLayers(t)
-	if _, err := l.Acquire(context.Background(), digest, junk); err == nil {
+	if _, err := l.Acquire(context.Background(), digest, Source{Image: junk}); err == nil {
 		t.Fatal("acquired a layer from a file of zeros")
 	}
 	if entries, _ := os.ReadDir(root); len(entries) != 0 {
@@ -163,7 +163,7 @@ func TestLayersConcurrent(t *testing.T) {
 		for _, im := range imgs {
 			for range users {
 				wg.Go(func() {
-					mp, err := l.Acquire(ctx, im.digest, im.path)
+					mp, err := l.Acquire(ctx, im.digest, Source{Image: im.path})
 					if err == nil && mp != filepath.Join(root, hexOf(im.digest)) {
 						err = fmt.Errorf("mountpoint %s", mp)
 					}
@@ -201,7 +201,7 @@ func TestLayersConcurrent(t *testing.T) {
 				im = churn
 			}
 			wg.Go(func() {
-				if _, err := l.Acquire(ctx, im.digest, im.path); err != nil {
+				if _, err := l.Acquire(ctx, im.digest, Source{Image: im.path}); err != nil {
 					t.Error(err)
 					return
 				}
@@ -249,7 +249,7 @@ func TestLayersRecover(t *testing.T) {
 	orphan, orphanImg := buildImage(t, testTree{files: map[string]string{"f": "orphan"}})
 	before, root := newTestLayers(t)
 	for _, a := range []struct{ digest, img string }{{kept, keptImg}, {kept, keptImg}, {idle, idleImg}, {orphan, orphanImg}} {
-		if _, err := before.Acquire(ctx, a.digest, a.img); err != nil {
+		if _, err := before.Acquire(ctx, a.digest, Source{Image: a.img}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -299,7 +299,7 @@ func TestLayersRecover(t *testing.T) {
 		}
 	})
 	t.Run("acquire takes up the recovered mount", func(t *testing.T) {
-		if _, err := after.Acquire(ctx, kept, keptImg); err != nil {
+		if _, err := after.Acquire(ctx, kept, Source{Image: keptImg}); err != nil {
 			t.Fatal(err)
 		}
 		if n := mountsAt(t, filepath.Join(root, hexOf(kept))); n != 1 {

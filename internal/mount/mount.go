@@ -36,15 +36,64 @@ const layerFlags = unix.MS_RDONLY | unix.MS_NODEV | unix.MS_NOSUID | unix.MS_NOE
 // keep working. Not nosuid: sudo and ping in base images must keep working.
 const overlayFlags = unix.MS_NODEV
 
+// Source is what an EROFS layer mount reads: the image file, and for a
+// chunked layer the file holding its data (mkfs.erofs --blobdev), which
+// EROFS opens as an extra device.
+type Source struct {
+	// Image is the EROFS image: a whole layer, or a chunked layer's
+	// metadata image.
+	Image string `json:"image"`
+	// Device, if set, is the data blob: a file on node disk, or a blobfs
+	// file read on demand.
+	Device string `json:"device,omitempty"`
+	// DirectIO makes EROFS read the files with direct I/O, bypassing their
+	// page cache: for a blobfs device, whose pages EROFS would otherwise
+	// cache twice (once for the FUSE file, once for itself).
+	DirectIO bool `json:"directio,omitempty"`
+}
+
+// options is the mount(2) data string of src.
+func (src Source) options() (string, error) {
+	var opts []string
+	if src.Device != "" {
+		// The option string separates with ','; our paths are generated,
+		// so refuse rather than escape.
+		if strings.ContainsAny(src.Device, ",\\") {
+			return "", errdefs.Invalid("device path %q contains ',' or '\\'", src.Device)
+		}
+		opts = append(opts, "device="+src.Device)
+	}
+	if src.DirectIO {
+		opts = append(opts, "directio")
+	}
+	s := strings.Join(opts, ",")
+	// mount(2) copies at most one page of options, NUL included.
+	if limit := os.Getpagesize() - 1; len(s) > limit {
+		return "", errdefs.Invalid("erofs options are %d bytes, more than a page", len(s))
+	}
+	return s, nil
+}
+
 // EROFS mounts the EROFS image file source read-only at target, as a
 // file-backed mount: no loop device.
 func EROFS(source, target string) error {
-	err := unix.Mount(source, target, "erofs", layerFlags, "")
+	return EROFSFrom(Source{Image: source}, target)
+}
+
+// EROFSFrom mounts src read-only at target, as a file-backed mount: the
+// image and the device are regular files (or blobfs files), never loop
+// devices.
+func EROFSFrom(src Source, target string) error {
+	opts, err := src.options()
+	if err != nil {
+		return fmt.Errorf("mount erofs %s on %s: %w", src.Image, target, err)
+	}
+	err = unix.Mount(src.Image, target, "erofs", layerFlags, opts)
 	if errors.Is(err, unix.ENOTBLK) {
-		return fmt.Errorf("mount erofs %s on %s: the kernel cannot mount EROFS from a file (needs Linux 6.12 with CONFIG_EROFS_FS_BACKED_BY_FILE): %w", source, target, err)
+		return fmt.Errorf("mount erofs %s on %s: the kernel cannot mount EROFS from a file (needs Linux 6.12 with CONFIG_EROFS_FS_BACKED_BY_FILE): %w", src.Image, target, err)
 	}
 	if err != nil {
-		return fmt.Errorf("mount erofs %s on %s: %w", source, target, err)
+		return fmt.Errorf("mount erofs %s (%s) on %s: %w", src.Image, opts, target, err)
 	}
 	return nil
 }

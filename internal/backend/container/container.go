@@ -286,7 +286,7 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (err error) {
 func (b *Backend) acquire(ctx context.Context, rec *record) error {
 	lowers := []string{b.runtime}
 	for i, l := range rec.Spec.Layers {
-		mp, err := b.layers.Acquire(ctx, l.Digest, l.Path)
+		mp, err := b.layers.Acquire(ctx, l.Digest, mount.Source{Image: l.Path, Device: l.Device, DirectIO: l.OnDemand})
 		if err != nil {
 			for _, prev := range rec.Spec.Layers[:i] {
 				b.layers.Release(prev.Digest)
