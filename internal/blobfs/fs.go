@@ -1,0 +1,353 @@
+// Package blobfs is the node's FUSE file system of layer blobs: one mount
+// per node in which every chunked layer's data blob appears as a read-only
+// file, <mountpoint>/<digest hex>, that EROFS mounts as its device=. A read
+// fetches the chunks it touches from the shared layer store into the
+// node's chunk cache (verified against their digests, concurrent misses
+// merged, capped with LRU eviction) and answers from there. Layers may name
+// hot chunks to prefetch; every layer's first-touched chunks are recorded
+// so a first run can produce such a list.
+//
+// blobfs must never return a short read inside a file (EROFS would take
+// the missing bytes for zeros): a read it cannot serve whole fails with
+// EIO. It must never serve bytes that did not match their digest. FUSE
+// passthrough stays disabled: EROFS over a passthrough file does not work.
+package blobfs
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dsec-project/dsec/internal/layer"
+)
+
+// Config configures a blobfs.
+type Config struct {
+	// Mountpoint is where the file system appears.
+	Mountpoint string
+	// ManifestDir holds the manifests of the layers blobfs serves,
+	// <hex>.json (written there by the edge before it mounts the layer),
+	// and optional hot-chunk lists, <hex>.prefetch (a JSON array of chunk
+	// indices).
+	ManifestDir string
+	// CacheDir holds the chunk cache; CacheMax bounds it (bytes).
+	CacheDir string
+	CacheMax int64
+	Source   Source
+	// PrefetchParallel bounds concurrent prefetches per layer; 4 by
+	// default.
+	PrefetchParallel int
+	Logger           *slog.Logger
+}
+
+// FS is a mounted blobfs.
+type FS struct {
+	cfg    Config
+	cache  *Cache
+	m      *metrics
+	server *fuse.Server
+	log    *slog.Logger
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // prefetches
+
+	mu sync.Mutex
+	// layers maps a digest's hex to the layer served under that name.
+	layers map[string]*blobLayer
+}
+
+// blobLayer is one served blob.
+type blobLayer struct {
+	hex     string
+	blob    layer.Part
+	offsets []int64
+
+	mu sync.Mutex
+	// touched marks the chunks read so far; order lists them in the order
+	// of their first read.
+	touched []bool
+	order   []int
+}
+
+// Mount mounts a blobfs. Unmount it with Close.
+func Mount(cfg Config) (*FS, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.PrefetchParallel <= 0 {
+		cfg.PrefetchParallel = 4
+	}
+	m := newMetrics()
+	cache, err := OpenCache(cfg.CacheDir, cfg.CacheMax, cfg.Source, m)
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range []string{cfg.Mountpoint, cfg.ManifestDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("mount blobfs: %w", err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	f := &FS{cfg: cfg, cache: cache, m: m, log: cfg.Logger.With("component", "blobfs"),
+		ctx: ctx, cancel: cancel, layers: map[string]*blobLayer{}}
+	timeout := time.Hour // blobs never change
+	srv, err := fs.Mount(cfg.Mountpoint, &root{fs: f}, &fs.Options{
+		EntryTimeout: &timeout,
+		AttrTimeout:  &timeout,
+		MountOptions: fuse.MountOptions{
+			FsName:            "dsec-blobfs",
+			Name:              "blobfs",
+			DirectMountStrict: true,
+			DisableXAttrs:     true,
+			MaxWrite:          1 << 20, // the largest read too
+			MaxReadAhead:      128 << 10,
+			// EROFS over a passthrough FUSE file does not work.
+			DisabledCapabilities: fuse.CAP_PASSTHROUGH,
+		},
+	})
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("mount blobfs on %s: %w", cfg.Mountpoint, err)
+	}
+	f.server = srv
+	return f, nil
+}
+
+// Close stops prefetches and unmounts. EROFS mounts still using blobfs
+// files keep it busy: unmount them first.
+func (f *FS) Close() error {
+	f.cancel()
+	f.wg.Wait()
+	if err := f.server.Unmount(); err != nil {
+		return fmt.Errorf("unmount blobfs: %w", err)
+	}
+	return nil
+}
+
+// Wait blocks until the file system is unmounted.
+func (f *FS) Wait() { f.server.Wait() }
+
+// Stats summarizes the counters.
+func (f *FS) Stats() Stats {
+	s := f.m.stats()
+	s.CacheBytes = f.cache.Size()
+	return s
+}
+
+// Registry is the Prometheus registry of blobfs's metrics.
+func (f *FS) Registry() *prometheus.Registry { return f.m.reg }
+
+// Touched returns the chunks of a layer's blob read so far, in the order
+// of their first read: a hot list for prefetching.
+func (f *FS) Touched(hex string) ([]int, bool) {
+	f.mu.Lock()
+	l := f.layers[hex]
+	f.mu.Unlock()
+	if l == nil {
+		return nil, false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]int(nil), l.order...), true
+}
+
+// layer returns the served layer named hex, loading its manifest on first
+// use.
+func (f *FS) layer(hex string) (*blobLayer, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if l := f.layers[hex]; l != nil {
+		return l, nil
+	}
+	if _, err := layer.ParseDigest("sha256:" + hex); err != nil {
+		return nil, err
+	}
+	b, err := os.ReadFile(filepath.Join(f.cfg.ManifestDir, hex+".json"))
+	if err != nil {
+		return nil, err
+	}
+	m, err := layer.ParseManifest("sha256:"+hex, b)
+	if err != nil {
+		return nil, err
+	}
+	if m.Blob == nil {
+		return nil, os.ErrNotExist
+	}
+	l := &blobLayer{hex: hex, blob: *m.Blob, offsets: m.Blob.Offsets(), touched: make([]bool, len(m.Blob.Chunks))}
+	f.layers[hex] = l
+	f.startPrefetch(l)
+	return l, nil
+}
+
+// startPrefetch fetches the layer's hot chunks in the background.
+func (f *FS) startPrefetch(l *blobLayer) {
+	b, err := os.ReadFile(filepath.Join(f.cfg.ManifestDir, l.hex+".prefetch"))
+	if err != nil {
+		return
+	}
+	var hot []int
+	if err := json.Unmarshal(b, &hot); err != nil {
+		f.log.Warn("bad prefetch list", "layer", l.hex, "err", err)
+		return
+	}
+	f.wg.Add(1)
+	go func() {
+		defer f.wg.Done()
+		sem := make(chan struct{}, f.cfg.PrefetchParallel)
+		var wg sync.WaitGroup
+		for _, i := range hot {
+			if i < 0 || i >= len(l.blob.Chunks) || f.ctx.Err() != nil {
+				continue
+			}
+			c := l.blob.Chunks[i]
+			if f.cache.Has(c.Digest) {
+				continue
+			}
+			sem <- struct{}{}
+			wg.Add(1)
+			go func() {
+				defer func() { <-sem; wg.Done() }()
+				if _, err := f.cache.ensure(f.ctx, c); err == nil {
+					f.m.prefetched.Inc()
+				}
+			}()
+		}
+		wg.Wait()
+	}()
+}
+
+// read fills dest from the blob at off and returns how many bytes it
+// filled: all of dest, or up to the end of the blob.
+func (f *FS) read(ctx context.Context, l *blobLayer, dest []byte, off int64) (int, error) {
+	if off >= l.blob.Size {
+		return 0, nil
+	}
+	n := int(min(int64(len(dest)), l.blob.Size-off))
+	for done := 0; done < n; {
+		pos := off + int64(done)
+		i := layer.ChunkAt(l.offsets, pos)
+		c := l.blob.Chunks[i]
+		within := pos - l.offsets[i]
+		k := int(min(int64(n-done), c.Size-within))
+		if err := f.cache.ReadAt(ctx, c, dest[done:done+k], within); err != nil {
+			return 0, err
+		}
+		l.touch(i)
+		done += k
+	}
+	f.m.readBytes.Add(float64(n))
+	return n, nil
+}
+
+func (l *blobLayer) touch(i int) {
+	l.mu.Lock()
+	if !l.touched[i] {
+		l.touched[i] = true
+		l.order = append(l.order, i)
+	}
+	l.mu.Unlock()
+}
+
+// root is the mount's root directory: one file per layer, found by name.
+type root struct {
+	fs.Inode
+	fs *FS
+}
+
+var (
+	_ fs.NodeLookuper  = (*root)(nil)
+	_ fs.NodeReaddirer = (*root)(nil)
+	_ fs.NodeGetattrer = (*root)(nil)
+)
+
+func (r *root) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	out.Mode = syscall.S_IFDIR | 0o555
+	return 0
+}
+
+func (r *root) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	l, err := r.fs.layer(name)
+	if err != nil {
+		if !errors.Is(err, os.ErrNotExist) {
+			r.fs.log.Warn("lookup", "name", name, "err", err)
+		}
+		return nil, syscall.ENOENT
+	}
+	f := &blobFile{fs: r.fs, l: l}
+	f.attr(&out.Attr)
+	return r.NewInode(ctx, f, fs.StableAttr{Mode: syscall.S_IFREG}), 0
+}
+
+// Readdir lists the layers served so far and those with a manifest in
+// place.
+func (r *root) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
+	ents, err := os.ReadDir(r.fs.cfg.ManifestDir)
+	if err != nil {
+		return nil, syscall.EIO
+	}
+	var out []fuse.DirEntry
+	for _, e := range ents {
+		if h, ok := strings.CutSuffix(e.Name(), ".json"); ok {
+			if _, err := layer.ParseDigest("sha256:" + h); err == nil {
+				out = append(out, fuse.DirEntry{Name: h, Mode: syscall.S_IFREG})
+			}
+		}
+	}
+	return fs.NewListDirStream(out), 0
+}
+
+// blobFile is one layer's blob.
+type blobFile struct {
+	fs.Inode
+	fs *FS
+	l  *blobLayer
+}
+
+var (
+	_ fs.NodeGetattrer = (*blobFile)(nil)
+	_ fs.NodeOpener    = (*blobFile)(nil)
+	_ fs.NodeReader    = (*blobFile)(nil)
+)
+
+func (f *blobFile) attr(a *fuse.Attr) {
+	a.Mode = syscall.S_IFREG | 0o444
+	a.Size = uint64(f.l.blob.Size)
+	a.Blocks = (a.Size + 511) / 512
+	a.Blksize = 4096
+	a.Nlink = 1
+}
+
+func (f *blobFile) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	f.attr(&out.Attr)
+	return 0
+}
+
+func (f *blobFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	if flags&(syscall.O_WRONLY|syscall.O_RDWR|syscall.O_TRUNC|syscall.O_APPEND) != 0 {
+		return nil, 0, syscall.EROFS
+	}
+	// No page cache for blobfs files: EROFS caches what it reads itself.
+	return nil, fuse.FOPEN_DIRECT_IO, 0
+}
+
+func (f *blobFile) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	n, err := f.fs.read(ctx, f.l, dest, off)
+	if err != nil {
+		f.fs.m.readErrors.Inc()
+		f.fs.log.Warn("read failed", "layer", f.l.hex, "off", off, "len", len(dest), "err", err)
+		return nil, syscall.EIO
+	}
+	return fuse.ReadResultData(dest[:n]), 0
+}
