@@ -68,6 +68,8 @@ func run(ctx context.Context, args []string) error {
 		return serverCmd(ctx, rest)
 	case "edge":
 		return edgeCmd(ctx, rest)
+	case "blobfs":
+		return blobfsCmd(ctx, rest)
 	case "sandbox", "sb":
 		return sandboxCmd(ctx, rest)
 	case "layer":

@@ -11,10 +11,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/dsec-project/dsec/internal/backend"
 	"github.com/dsec-project/dsec/internal/backend/container"
+	"github.com/dsec-project/dsec/internal/blobfs"
 	"github.com/dsec-project/dsec/internal/edge"
 	"github.com/dsec-project/dsec/internal/fncall"
 	"github.com/dsec-project/dsec/internal/layer"
@@ -33,6 +35,7 @@ type nodeFlags struct {
 	uidBase      uint
 	net          netFlags
 	debug        bool
+	layers       layerFlags
 }
 
 func (n *nodeFlags) register(fs *flag.FlagSet) {
@@ -45,6 +48,7 @@ func (n *nodeFlags) register(fs *flag.FlagSet) {
 	fs.UintVar(&n.uidBase, "uid-base", 1<<24, "first host uid of the sandboxes' id ranges (65536 ids each)")
 	n.net.register(fs)
 	fs.BoolVar(&n.debug, "debug", false, "debug logging")
+	n.layers.register(fs)
 }
 
 func (n *nodeFlags) logger() *slog.Logger {
@@ -72,6 +76,40 @@ func (n *nodeFlags) agentBinary() (string, error) {
 		return p, nil
 	}
 	return "", errors.New("cannot find the dsec-agent binary: build it (make build) or pass --agent")
+}
+
+// nodeLayers starts (or finds) the node's blobfs and returns the layers of
+// the store at storeLoc ("" for the local store of the all-in-one server,
+// localStore) for this node, reading older single-image layers from
+// legacy if set.
+func (n *nodeFlags) nodeLayers(ctx context.Context, dataDir, storeLoc, localStore string, st *layer.Store, legacy *layer.LocalStore, log *slog.Logger) (edge.Layers, error) {
+	if err := n.layers.validate(); err != nil {
+		return nil, err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	layerDir := filepath.Join(dataDir, "layerdata")
+	bfsDir := filepath.Join(dataDir, "blobfs")
+	argv := []string{self, "blobfs", "--dir", bfsDir, "--manifests", filepath.Join(layerDir, "manifests"),
+		"--cache", filepath.Join(dataDir, "chunks"), "--cache-max", strconv.FormatInt(n.layers.cacheMax, 10),
+		"--node-id", n.nodeID}
+	loc := storeLoc
+	if loc == "" {
+		loc = localStore
+	}
+	if err := blobfs.EnsureDaemon(ctx, bfsDir, argv, []string{storeEnv + "=" + loc}, log); err != nil {
+		return nil, err
+	}
+	cfg := edge.StoreLayersConfig{
+		Store: st, Dir: layerDir, Blobfs: blobfs.MountDir(bfsDir),
+		Mode: n.layers.mode, DirectBelow: n.layers.directBelow, Logger: log,
+	}
+	if legacy != nil {
+		cfg.Legacy = legacy
+	}
+	return edge.NewStoreLayers(cfg)
 }
 
 // startEdge builds this node's backends and edge over the layer store.
@@ -116,6 +154,7 @@ func serverCmd(ctx context.Context, args []string) error {
 	idle := fs.Duration("idle-timeout", 0, "destroy sandboxes idle this long unless their create sets idle_timeout_seconds (0: never)")
 	retention := fs.Duration("trajectory-retention", 7*24*time.Hour, "keep a trajectory this long after its newest step")
 	profilesFile := fs.String("profiles", "", "JSON file of named policy profiles: {\"name\": {\"phase\": …, \"phases\": {…}}}")
+	storeLoc := fs.String("store", "", "layer store: a directory shared by the nodes, s3://ACCESS:SECRET@HOST:PORT/BUCKET[/PREFIX], or empty for <data>/store")
 	var nf nodeFlags
 	nf.register(fs)
 	if err := fs.Parse(args); err != nil {
@@ -142,14 +181,29 @@ func serverCmd(ctx context.Context, args []string) error {
 	if _, err := server.Bootstrap(ctx, st, filepath.Join(dataDir, "admin.key")); err != nil {
 		return err
 	}
-	layers, err := layer.NewLocalStore(filepath.Join(dataDir, "layers"))
+	localStore := filepath.Join(dataDir, "store")
+	bs, err := openBlobStore(ctx, *storeLoc, localStore, nf.nodeID)
+	if err != nil {
+		return err
+	}
+	layers, err := layer.NewStore(bs, filepath.Join(dataDir, "tmp"))
+	if err != nil {
+		return err
+	}
+	// Layers stored by earlier versions, one EROFS image each, stay
+	// readable; new ones go to the chunked store.
+	legacy, err := layer.NewLocalStore(filepath.Join(dataDir, "layers"))
+	if err != nil {
+		return err
+	}
+	nodeLayers, err := nf.nodeLayers(ctx, filepath.Join(dataDir, "edge"), *storeLoc, localStore, layers, legacy, log)
 	if err != nil {
 		return err
 	}
 
 	// The local edge serves its API on a unix socket only root can reach;
 	// the control plane talks to it exactly as to a remote node.
-	e, closeEdge, err := nf.startEdge(ctx, filepath.Join(dataDir, "edge"), edge.LocalLayers{Store: layers}, log)
+	e, closeEdge, err := nf.startEdge(ctx, filepath.Join(dataDir, "edge"), nodeLayers, log)
 	if err != nil {
 		return err
 	}
@@ -193,22 +247,37 @@ func edgeCmd(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("dsec edge", flag.ContinueOnError)
 	listen := fs.String("listen", "127.0.0.1:7071", "edge API address")
 	data := fs.String("data", "/var/lib/dsec-edge", "node-local data directory")
-	storeDir := fs.String("store", "", "layer store directory shared with the control plane (a POSIX mount)")
+	storeLoc := fs.String("store", "", "layer store shared with the control plane: a directory on a shared mount, or s3://ACCESS:SECRET@HOST:PORT/BUCKET[/PREFIX]")
+	legacyDir := fs.String("legacy-store", "", "directory of layers stored by earlier dsec versions as single EROFS images (optional)")
 	token := fs.String("token", os.Getenv("DSEC_EDGE_TOKEN"), "bearer token the control plane must send ($DSEC_EDGE_TOKEN)")
 	var nf nodeFlags
 	nf.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *storeDir == "" || *token == "" {
+	if *storeLoc == "" || *token == "" {
 		return errors.New("dsec edge needs --store and --token")
 	}
 	log := nf.logger()
-	layers, err := layer.NewLocalStore(*storeDir)
+	bs, err := openBlobStore(ctx, *storeLoc, "", nf.nodeID)
 	if err != nil {
 		return err
 	}
-	e, closeEdge, err := nf.startEdge(ctx, *data, edge.LocalLayers{Store: layers}, log)
+	st, err := layer.NewStore(bs, filepath.Join(*data, "tmp"))
+	if err != nil {
+		return err
+	}
+	var legacy *layer.LocalStore
+	if *legacyDir != "" {
+		if legacy, err = layer.NewLocalStore(*legacyDir); err != nil {
+			return err
+		}
+	}
+	layers, err := nf.nodeLayers(ctx, *data, *storeLoc, "", st, legacy, log)
+	if err != nil {
+		return err
+	}
+	e, closeEdge, err := nf.startEdge(ctx, *data, layers, log)
 	if err != nil {
 		return err
 	}

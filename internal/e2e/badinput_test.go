@@ -12,6 +12,7 @@ import (
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/client"
+	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/testutil"
 )
 
@@ -105,8 +106,8 @@ func TestBadInput(t *testing.T) {
 }
 
 // TestFailedCreateLeavesNothing: when a create fails half-way (here: a
-// layer image corrupted on disk, so its mount fails), no directory, mount,
-// container or cgroup of the sandbox is left.
+// layer's metadata chunk corrupted in the store, so the node refuses it),
+// no directory, mount, container or cgroup of the sandbox is left.
 func TestFailedCreateLeavesNothing(t *testing.T) {
 	s := startServer(t)
 	ctx := ctxT(t)
@@ -114,8 +115,14 @@ func TestFailedCreateLeavesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	img := filepath.Join(s.DataDir, "layers", "sha256", strings.TrimPrefix(l.Digest, "sha256:")+".erofs")
-	if err := os.WriteFile(img, bytes.Repeat([]byte{0}, 8192), 0o644); err != nil {
+	var m layer.Manifest
+	raw, err := os.ReadFile(filepath.Join(s.DataDir, "store", layer.ManifestKey(l.Digest)))
+	if err != nil || json.Unmarshal(raw, &m) != nil {
+		t.Fatalf("read manifest: %v", err)
+	}
+	chunk := filepath.Join(s.DataDir, "store", layer.ChunkKey(m.Meta.Chunks[0].Digest))
+	os.Chmod(chunk, 0o644)
+	if err := os.WriteFile(chunk, bytes.Repeat([]byte{0}, 8192), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	_, err = s.Client.CreateSandbox(ctx, &api.CreateSandboxRequest{Layers: &api.LayerRefs{Base: "base:minimal", Workspace: "broken:1"}})

@@ -291,23 +291,6 @@ func (e *Edge) Agent(id string) (*agent.Client, error) {
 	return sb.agent, nil
 }
 
-// LocalLayers finds layer images in a layer.LocalStore on this node's disk:
-// the all-in-one server's store, or a store shared over a POSIX mount.
-type LocalLayers struct {
-	Store interface {
-		Path(digest string) (string, error)
-	}
-}
-
-// Fetch implements Layers.
-func (l LocalLayers) Fetch(_ context.Context, digest string) (backend.Layer, error) {
-	p, err := l.Store.Path(digest)
-	if err != nil {
-		return backend.Layer{}, err
-	}
-	return backend.Layer{Digest: digest, Path: p}, nil
-}
-
 // SetPhase switches a sandbox to another policy phase, in place.
 func (e *Edge) SetPhase(ctx context.Context, id string, p PhaseRequest) error {
 	return e.lifecycle(ctx, id, func(sb *sandbox) error {

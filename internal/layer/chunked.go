@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -309,4 +310,32 @@ func (s *Store) FetchPart(ctx context.Context, p *Part, dst string) (int64, erro
 		return read.Load(), err
 	}
 	return read.Load(), os.Rename(f.Name(), dst)
+}
+
+// PrefetchKey is where a layer's hot-chunk list lives: a JSON array of
+// indices into its blob's chunks, in the order to fetch them. It is a hint
+// kept beside the manifest, not part of the layer's digest, so it can be
+// recorded after the layer is built.
+func PrefetchKey(digest string) string { return "prefetch/sha256/" + digest[len(digestPrefix):] }
+
+// PutPrefetch records a layer's hot-chunk list.
+func (s *Store) PutPrefetch(ctx context.Context, digest string, chunks []int) error {
+	m, _, err := s.Manifest(ctx, digest)
+	if err != nil {
+		return err
+	}
+	n := 0
+	if m.Blob != nil {
+		n = len(m.Blob.Chunks)
+	}
+	for _, i := range chunks {
+		if i < 0 || i >= n {
+			return errdefs.Invalid("prefetch chunk %d of layer %s with %d chunks", i, digest, n)
+		}
+	}
+	b, err := json.Marshal(chunks)
+	if err != nil {
+		return err
+	}
+	return s.blobs.Put(ctx, PrefetchKey(digest), bytes.NewReader(b), int64(len(b)))
 }

@@ -12,12 +12,12 @@ import (
 )
 
 // FromTar turns a tar stream into a stored layer: it extracts r into a
-// temporary directory under tmpRoot, builds the image straight into the
-// store, and commits it. The temporary tree is removed whatever happens.
-func FromTar(ctx context.Context, r io.Reader, store *LocalStore, tmpRoot string, lim Limits) (img Image, err error) {
+// temporary directory under tmpRoot and builds a chunked layer of it into
+// the store. The temporary tree is removed whatever happens.
+func FromTar(ctx context.Context, r io.Reader, store *Store, tmpRoot string, lim Limits) (d Desc, err error) {
 	work, err := os.MkdirTemp(tmpRoot, "layer-")
 	if err != nil {
-		return Image{}, fmt.Errorf("layer from tar: %w", err)
+		return Desc{}, fmt.Errorf("layer from tar: %w", err)
 	}
 	defer func() {
 		if rerr := os.RemoveAll(work); rerr != nil {
@@ -28,27 +28,18 @@ func FromTar(ctx context.Context, r io.Reader, store *LocalStore, tmpRoot string
 	// whatever the umask, so the image depends on the tar alone.
 	rootfs := filepath.Join(work, "rootfs")
 	if err := os.Mkdir(rootfs, 0o755); err != nil {
-		return Image{}, fmt.Errorf("layer from tar: %w", err)
+		return Desc{}, fmt.Errorf("layer from tar: %w", err)
 	}
 	if err := unix.Chmod(rootfs, 0o755); err != nil {
-		return Image{}, fmt.Errorf("layer from tar: %w", err)
+		return Desc{}, fmt.Errorf("layer from tar: %w", err)
 	}
 	if _, err := ExtractTar(ctx, r, rootfs, lim); err != nil {
-		return Image{}, fmt.Errorf("layer from tar: %w", err)
+		return Desc{}, fmt.Errorf("layer from tar: %w", err)
 	}
 
-	out, err := os.CreateTemp(store.tmpDir(), "build-*.erofs")
+	d, err = store.Build(ctx, rootfs)
 	if err != nil {
-		return Image{}, fmt.Errorf("layer from tar: %w", err)
+		return Desc{}, fmt.Errorf("layer from tar: %w", err)
 	}
-	out.Close()
-	img, err = Build(ctx, rootfs, out.Name())
-	if err == nil {
-		err = store.adopt(out.Name(), img)
-	}
-	if err != nil {
-		os.Remove(out.Name())
-		return Image{}, fmt.Errorf("layer from tar: %w", err)
-	}
-	return img, nil
+	return d, nil
 }

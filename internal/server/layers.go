@@ -83,7 +83,7 @@ func (s *Server) createLayer(w http.ResponseWriter, r *http.Request) error {
 	if public && !p.Admin {
 		return fmt.Errorf("only an admin can publish a public layer: %w", errdefs.ErrPermissionDenied)
 	}
-	img, err := s.importLayer(r.Context(), http.MaxBytesReader(w, r.Body, s.cfg.MaxLayerBytes))
+	d, err := s.importLayer(r.Context(), http.MaxBytesReader(w, r.Body, s.cfg.MaxLayerBytes))
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
@@ -92,30 +92,31 @@ func (s *Server) createLayer(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	l := store.Layer{
-		Tenant: p.Tenant, Name: name, Tag: tag, Digest: img.Digest, Kind: kind, Size: img.Size,
+		Tenant: p.Tenant, Name: name, Tag: tag, Digest: d.Digest, Kind: kind, Size: d.Size,
 		Public: public, CreatedAt: time.Now().UTC(),
 	}
 	if err := s.store.PutLayer(r.Context(), l); err != nil {
 		return err
 	}
-	s.log.Info("layer stored", "tenant", p.Tenant, "layer", name+":"+tag, "digest", img.Digest, "size", img.Size)
+	s.log.Info("layer stored", "tenant", p.Tenant, "layer", name+":"+tag, "digest", d.Digest, "size", d.Size,
+		"chunks", d.Chunks, "new_chunks", d.NewChunks, "stored_bytes", d.StoredBytes)
 	httpapi.WriteJSON(w, http.StatusCreated, layerAPI(l))
 	return nil
 }
 
-// importLayer stores an upload: an EROFS image as it is, anything else as a
-// tar stream to unpack and build.
-func (s *Server) importLayer(ctx context.Context, body io.Reader) (layer.Image, error) {
+// importLayer stores an upload: an EROFS image as a whole-image layer,
+// anything else as a tar stream to unpack and build into a chunked layer.
+func (s *Server) importLayer(ctx context.Context, body io.Reader) (layer.Desc, error) {
 	br := bufio.NewReaderSize(body, 64<<10)
 	head, err := br.Peek(4096)
 	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, bufio.ErrBufferFull) {
-		return layer.Image{}, err
+		return layer.Desc{}, err
 	}
 	if len(head) == 0 {
-		return layer.Image{}, errdefs.Invalid("empty layer upload: send a tar stream or an EROFS image")
+		return layer.Desc{}, errdefs.Invalid("empty layer upload: send a tar stream or an EROFS image")
 	}
 	if layer.IsEROFS(bytes.NewReader(head)) {
-		return s.cfg.Layers.Import(ctx, br)
+		return s.cfg.Layers.ImportImage(ctx, br, s.cfg.MaxLayerBytes)
 	}
 	return layer.FromTar(ctx, br, s.cfg.Layers, s.cfg.TmpDir, layer.Limits{})
 }
@@ -158,12 +159,8 @@ func (s *Server) EnsureDefaultBase(ctx context.Context, busybox string) error {
 	if err := layer.MinimalBase(ctx, busybox, dir); err != nil {
 		return fmt.Errorf("default base: %w", err)
 	}
-	img, err := layer.Build(ctx, dir, dir+".erofs")
+	img, err := s.cfg.Layers.Build(ctx, dir)
 	if err != nil {
-		return fmt.Errorf("default base: %w", err)
-	}
-	defer os.Remove(dir + ".erofs")
-	if img, err = s.cfg.Layers.Put(ctx, dir+".erofs"); err != nil {
 		return fmt.Errorf("default base: %w", err)
 	}
 	s.log.Info("created default base layer base:minimal", "digest", img.Digest)

@@ -39,9 +39,9 @@ import (
 type Config struct {
 	Store     store.Store
 	Scheduler *scheduler.Scheduler
-	// Layers is where layer images are kept; TmpDir is where uploads are
+	// Layers is the shared layer store uploads go to; TmpDir is where uploads are
 	// unpacked and built (on the same filesystem).
-	Layers *layer.LocalStore
+	Layers *layer.Store
 	TmpDir string
 	// MaxLayerBytes bounds a layer upload.
 	MaxLayerBytes int64

@@ -20,9 +20,11 @@ func (s *Server) SandboxLeaks() []string {
 			leaks = append(leaks, "directory "+filepath.Join(sbDir, e.Name()))
 		}
 	}
+	// The node's blobfs is the node's, not a sandbox's: it stays.
+	blobfsMount := filepath.Join(s.DataDir, "edge", "blobfs", "mnt")
 	if b, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
 		for _, line := range strings.Split(string(b), "\n") {
-			if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], s.DataDir+"/") {
+			if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], s.DataDir+"/") && f[4] != blobfsMount {
 				leaks = append(leaks, "mount "+f[4])
 			}
 		}

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -213,6 +214,7 @@ func (s *Server) cleanup() {
 		}
 	}
 	UnmountAll(s.DataDir)
+	StopBlobfs(filepath.Join(s.DataDir, "edge", "blobfs"))
 	if i := indexOf(s.args, "--net-bridge"); i >= 0 {
 		RemoveNodeNetwork(s.args[i+1])
 	}
@@ -255,6 +257,33 @@ func (s *Server) destroyAll(ctx context.Context) {
 				c.DeleteSandbox(ctx, sb.ID)
 			}
 		}
+	}
+}
+
+// StopBlobfs kills the blobfs process serving dir (the edge starts it in
+// a session of its own, so it outlives the server) and waits until it is
+// gone.
+func StopBlobfs(dir string) {
+	b, err := os.ReadFile(filepath.Join(dir, "blobfs.pid"))
+	if err != nil {
+		return
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 1 {
+		return
+	}
+	// Only if it is still a dsec blobfs: the pid may have been reused.
+	cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if !strings.Contains(string(cmdline), "blobfs") {
+		return
+	}
+	syscall.Unmount(filepath.Join(dir, "mnt"), syscall.MNT_DETACH)
+	syscall.Kill(pid, syscall.SIGKILL)
+	for range 500 {
+		if syscall.Kill(pid, 0) != nil {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 

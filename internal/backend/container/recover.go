@@ -101,7 +101,7 @@ func (b *Backend) Recover(ctx context.Context) ([]backend.Spec, error) {
 	}
 	b.mu.Unlock()
 	for _, l := range remount {
-		if _, err := b.layers.Acquire(ctx, l.Digest, l.Path); err != nil {
+		if _, err := b.layers.Acquire(ctx, l.Digest, mount.Source{Image: l.Path, Device: l.Device, DirectIO: l.OnDemand}); err != nil {
 			// The sandbox runs on (its overlay holds the old mount); a reset
 			// would fail until the layer mounts again.
 			b.log.Error("recover: mount a missing layer again", "layer", l.Digest, "err", err)

@@ -1,0 +1,200 @@
+package blobfs
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sys/unix"
+)
+
+// blobfs runs as a process of its own (`dsec blobfs`), apart from the
+// edge: EROFS mounts of running sandboxes read through it, so it must
+// outlive an edge that is restarted or killed, as the sandboxes do. The
+// edge finds it again through its directory:
+//
+//	<dir>/mnt          the FUSE mount
+//	<dir>/blobfs.sock  HTTP: GET /metrics, /v1/stats, /v1/touched/<hex>
+//	<dir>/blobfs.pid   its process id
+//	<dir>/blobfs.log   its log
+const fuseSuperMagic = 0x65735546
+
+// Paths of a blobfs directory.
+func MountDir(dir string) string   { return filepath.Join(dir, "mnt") }
+func socketPath(dir string) string { return filepath.Join(dir, "blobfs.sock") }
+func pidPath(dir string) string    { return filepath.Join(dir, "blobfs.pid") }
+
+// Serve mounts a blobfs at MountDir(dir) and serves its control socket
+// until the file system is unmounted, or ctx ends and the mount is no
+// longer in use (a mount EROFS still reads through is left serving).
+func Serve(ctx context.Context, dir string, cfg Config) error {
+	cfg.Mountpoint = MountDir(dir)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	cleanStale(cfg.Mountpoint)
+	f, err := Mount(cfg)
+	if err != nil {
+		return err
+	}
+	sock := socketPath(dir)
+	os.Remove(sock)
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		f.Close()
+		return err
+	}
+	srv := &http.Server{Handler: f.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	go srv.Serve(l)
+	defer srv.Close()
+	if err := os.WriteFile(pidPath(dir), []byte(strconv.Itoa(os.Getpid())), 0o600); err != nil {
+		f.Close()
+		return err
+	}
+	defer os.Remove(pidPath(dir))
+	unmounted := make(chan struct{})
+	go func() { f.Wait(); close(unmounted) }()
+	for {
+		select {
+		case <-unmounted:
+			return nil
+		case <-ctx.Done():
+		}
+		if err := f.Close(); err == nil {
+			<-unmounted
+			return nil
+		} else {
+			cfg.Logger.Warn("blobfs still in use; serving on", "err", err)
+		}
+		select {
+		case <-unmounted:
+			return nil
+		case <-time.After(30 * time.Second):
+		}
+	}
+}
+
+// Handler serves the control API.
+func (f *FS) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(f.m.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /v1/stats", func(w http.ResponseWriter, r *http.Request) {
+		json.NewEncoder(w).Encode(f.Stats())
+	})
+	mux.HandleFunc("GET /v1/touched/{hex}", func(w http.ResponseWriter, r *http.Request) {
+		hot, ok := f.Touched(r.PathValue("hex"))
+		if !ok {
+			http.Error(w, "layer not served", http.StatusNotFound)
+			return
+		}
+		json.NewEncoder(w).Encode(hot)
+	})
+	return mux
+}
+
+// alive reports whether a blobfs serves the mount at mp.
+func alive(mp string) bool {
+	var st unix.Statfs_t
+	if err := unix.Statfs(mp, &st); err != nil || st.Type != fuseSuperMagic {
+		return false
+	}
+	_, err := os.ReadDir(mp)
+	return err == nil
+}
+
+// cleanStale detaches a dead blobfs mount (its server gone: ENOTCONN).
+func cleanStale(mp string) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(mp, &st); errors.Is(err, unix.ENOTCONN) || (err == nil && st.Type == fuseSuperMagic && !alive(mp)) {
+		unix.Unmount(mp, unix.MNT_DETACH)
+	}
+}
+
+// EnsureDaemon starts `argv... ` (a command running Serve on dir) in a
+// session of its own unless a live blobfs already serves dir, and waits
+// until its mount answers. env is added to the process's environment (the
+// store's credentials travel there, not on the command line).
+func EnsureDaemon(ctx context.Context, dir string, argv []string, env []string, log *slog.Logger) error {
+	if alive(MountDir(dir)) {
+		log.Info("blobfs already running", "dir", dir)
+		return nil
+	}
+	cleanStale(MountDir(dir))
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	logf, err := os.OpenFile(filepath.Join(dir, "blobfs.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	// Its own session: a signal to the edge's process group, or the
+	// edge's death, must not reach it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start blobfs: %w", err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	deadline := time.After(30 * time.Second)
+	for !alive(MountDir(dir)) {
+		select {
+		case err := <-exited:
+			b, _ := os.ReadFile(filepath.Join(dir, "blobfs.log"))
+			return fmt.Errorf("blobfs exited (%v): %s", err, lastLines(b, 10))
+		case <-deadline:
+			return fmt.Errorf("blobfs did not mount %s in 30s", MountDir(dir))
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	log.Info("blobfs started", "dir", dir, "pid", cmd.Process.Pid)
+	return nil
+}
+
+func lastLines(b []byte, n int) string {
+	lines := 0
+	for i := len(b) - 1; i >= 0; i-- {
+		if b[i] == '\n' {
+			lines++
+			if lines > n {
+				return string(b[i+1:])
+			}
+		}
+	}
+	return string(b)
+}
+
+// DaemonStats asks the blobfs serving dir for its counters.
+func DaemonStats(ctx context.Context, dir string) (Stats, error) {
+	c := http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", socketPath(dir))
+	}}}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://blobfs/v1/stats", nil)
+	resp, err := c.Do(req)
+	if err != nil {
+		return Stats{}, fmt.Errorf("blobfs stats: %w", err)
+	}
+	defer resp.Body.Close()
+	var s Stats
+	if err := json.NewDecoder(resp.Body).Decode(&s); err != nil {
+		return Stats{}, fmt.Errorf("blobfs stats: %w", err)
+	}
+	return s, nil
+}
