@@ -32,6 +32,14 @@ type Backend interface {
 	// Pause freezes every process of the sandbox; Resume thaws them.
 	Pause(ctx context.Context, id string) error
 	Resume(ctx context.Context, id string) error
+	// Snapshot freezes the sandbox and calls pack with the directories
+	// that hold its changes, in overlayfs format (whiteouts are 0/0
+	// character devices, opaque directories carry trusted.overlay.opaque):
+	// first its writable layer, then, for flattening, its top merge
+	// read-only layers, top first. The sandbox is thawed when pack returns
+	// (a paused sandbox stays paused). pack must only read the
+	// directories.
+	Snapshot(ctx context.Context, id string, merge int, pack func(ctx context.Context, dirs []string) error) error
 	// Dial opens a connection to the sandbox's agent.
 	Dial(ctx context.Context, id string) (net.Conn, error)
 	// State reports the sandbox's runtime state: api.StateRunning,

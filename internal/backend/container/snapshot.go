@@ -1,0 +1,45 @@
+package container
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+
+	"github.com/dsec-project/dsec/internal/errdefs"
+)
+
+// Snapshot implements backend.Backend: runc pause freezes the sandbox's
+// cgroup, so its upper dir stops changing while pack reads it; the upper
+// dir is self-contained because overlays are mounted with
+// redirect_dir=off,metacopy=off. dsec writes nothing there itself (the
+// agent and mount points live in the runtime layer), so nothing is
+// excluded.
+func (b *Backend) Snapshot(ctx context.Context, id string, merge int, pack func(ctx context.Context, dirs []string) error) (err error) {
+	rec, err := b.get(id)
+	if err != nil {
+		return err
+	}
+	if merge < 0 || merge > len(rec.Spec.Layers) {
+		return errdefs.Invalid("snapshot of %s: cannot merge %d of its %d layers", id, merge, len(rec.Spec.Layers))
+	}
+	st, err := b.runc.state(ctx, id)
+	if err != nil {
+		return fmt.Errorf("snapshot sandbox %s: %w", id, err)
+	}
+	if st.Status != "paused" {
+		if err := b.runc.pause(ctx, id); err != nil {
+			return fmt.Errorf("snapshot sandbox %s: freeze: %w", id, err)
+		}
+		defer func() {
+			if rerr := b.runc.resume(context.WithoutCancel(ctx), id); rerr != nil && err == nil {
+				err = fmt.Errorf("snapshot sandbox %s: thaw: %w", id, rerr)
+			}
+		}()
+	}
+	// rec.Lowers runs top (last layer) first, the runtime layer last.
+	dirs := append([]string{filepath.Join(b.dir(id), "upper")}, rec.Lowers[:merge]...)
+	if err := pack(ctx, dirs); err != nil {
+		return fmt.Errorf("snapshot sandbox %s: %w", id, err)
+	}
+	return nil
+}
