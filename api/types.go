@@ -266,6 +266,17 @@ type Layer struct {
 	Size      int64     `json:"size"`   // bytes of the image
 	Public    bool      `json:"public"` // visible to every tenant
 	CreatedAt time.Time `json:"created_at"`
+	// Parents are the layers a snapshot goes on top of, base first, as
+	// digests; a sandbox created from the snapshot stacks them under it.
+	Parents []string `json:"parents,omitempty"`
+}
+
+// SnapshotRequest is the body of POST /v1/sandboxes/{id}/snapshot; every
+// field is optional.
+type SnapshotRequest struct {
+	// Name is the snapshot layer's name:tag; "snapshot/<sandbox id>:<time>"
+	// by default.
+	Name string `json:"name,omitempty"`
 }
 
 // LayerList is the body of GET /v1/layers.

@@ -227,6 +227,18 @@ func (c *Client) lifecycle(ctx context.Context, id, op string) (*api.Sandbox, er
 	return &sb, nil
 }
 
+// Snapshot saves a sandbox's changes as a new layer (pack_diff) named
+// name ("NAME:TAG"; "" for the server's default) and returns it; its Ref
+// is what CreateSandboxRequest.Snapshot takes.
+func (c *Client) Snapshot(ctx context.Context, id, name string) (*api.Layer, error) {
+	var l api.Layer
+	if err := c.do(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(id)+"/snapshot", nil,
+		api.SnapshotRequest{Name: name}, &l); err != nil {
+		return nil, err
+	}
+	return &l, nil
+}
+
 // Reset brings a sandbox back to the clean state of its layers.
 func (c *Client) Reset(ctx context.Context, id string) (*api.Sandbox, error) {
 	return c.lifecycle(ctx, id, "reset")

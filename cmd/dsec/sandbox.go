@@ -19,7 +19,7 @@ import (
 
 func sandboxCmd(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return errors.New("usage: dsec sandbox create|ls|get|rm|exec|cp|reset|pause|resume|renew")
+		return errors.New("usage: dsec sandbox create|ls|get|rm|exec|cp|reset|pause|resume|renew|snapshot")
 	}
 	sub, args := args[0], args[1:]
 	fs := flag.NewFlagSet("dsec sandbox "+sub, flag.ContinueOnError)
@@ -63,6 +63,17 @@ func sandboxCmd(ctx context.Context, args []string) error {
 			}
 			return err
 		})
+	case "snapshot":
+		name := fs.String("name", "", "NAME:TAG of the snapshot layer (default snapshot/<id>:<time>)")
+		return withIDs(ctx, fs, newClient, args, 1, func(c *client.Client, id string) error {
+			l, err := c.Snapshot(ctx, id, *name)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(os.Stderr, "snapshot %s (%s) of %s\n", l.Ref, humanBytes(l.Size), id)
+			fmt.Println(l.Ref)
+			return nil
+		})
 	case "exec":
 		return sandboxExec(ctx, fs, newClient, args)
 	case "cp":
@@ -98,6 +109,7 @@ func sandboxCreate(ctx context.Context, fs *flag.FlagSet, newClient func() *clie
 	fs.StringVar(&req.Layers.Base, "base", "base:minimal", "base layer ref")
 	fs.StringVar(&req.Layers.Workspace, "workspace", "", "workspace layer ref")
 	fs.StringVar(&req.Layers.Toolkit, "toolkit", "", "toolkit layer ref")
+	fs.StringVar(&req.Snapshot, "snapshot", "", "start from this snapshot (instead of --base/--workspace/--toolkit)")
 	fs.Float64Var(&req.Resources.CPU, "cpu", 0, "CPU cores")
 	fs.Int64Var(&req.Resources.MemoryMB, "memory", 0, "memory limit, MB")
 	fs.Int64Var(&req.Resources.DiskMB, "disk", 0, "writable layer size, MB")
@@ -113,6 +125,9 @@ func sandboxCreate(ctx context.Context, fs *flag.FlagSet, newClient func() *clie
 	}
 	req.TTLSeconds = int64(ttl.Seconds())
 	req.IdleTimeoutSeconds = int64(idle.Seconds())
+	if req.Snapshot != "" {
+		req.Layers = nil
+	}
 	var err error
 	if req.Labels, err = keyValues(labels, "label"); err != nil {
 		return err

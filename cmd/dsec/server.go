@@ -130,9 +130,11 @@ func (n *nodeFlags) startEdge(ctx context.Context, dataDir string, layers edge.L
 	if err != nil {
 		return nil, nil, err
 	}
-	e, err := edge.New(ctx, edge.Config{
-		NodeID: n.nodeID, Backends: []backend.Backend{cb}, Layers: layers, Logger: log,
-	})
+	ecfg := edge.Config{NodeID: n.nodeID, Backends: []backend.Backend{cb}, Layers: layers, Logger: log}
+	if p, ok := layers.(edge.Packer); ok {
+		ecfg.Packer = p
+	}
+	e, err := edge.New(ctx, ecfg)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -155,6 +157,7 @@ func serverCmd(ctx context.Context, args []string) error {
 	retention := fs.Duration("trajectory-retention", 7*24*time.Hour, "keep a trajectory this long after its newest step")
 	profilesFile := fs.String("profiles", "", "JSON file of named policy profiles: {\"name\": {\"phase\": …, \"phases\": {…}}}")
 	storeLoc := fs.String("store", "", "layer store: a directory shared by the nodes, s3://ACCESS:SECRET@HOST:PORT/BUCKET[/PREFIX], or empty for <data>/store")
+	snapDepth := fs.Int("snapshot-max-depth", server.DefaultMaxSnapshotDepth, "snapshot layers that may stack before a snapshot flattens them")
 	var nf nodeFlags
 	nf.register(fs)
 	if err := fs.Parse(args); err != nil {
@@ -228,7 +231,7 @@ func serverCmd(ctx context.Context, args []string) error {
 	srv := server.New(server.Config{
 		Store: st, Layers: layers, TmpDir: filepath.Join(dataDir, "tmp"), Logger: log, Profiles: profiles,
 		DefaultIdleTimeout: idle.Truncate(time.Second), TrajectoryRetention: *retention,
-		FnCall: fc, BatchParallel: *batchParallel,
+		FnCall: fc, BatchParallel: *batchParallel, MaxSnapshotDepth: *snapDepth,
 	})
 	if err := srv.AddNode(ctx, "unix://"+edgeSock, ""); err != nil {
 		return err

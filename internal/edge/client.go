@@ -137,6 +137,12 @@ func (c *Client) SetPhase(ctx context.Context, id string, p PhaseRequest) error 
 	return c.do(ctx, http.MethodPut, "/v1/sandboxes/"+id+"/phase", p, nil)
 }
 
+// Snapshot packs a sandbox's changes into a new layer.
+func (c *Client) Snapshot(ctx context.Context, id string, req SnapshotRequest) (SnapshotResult, error) {
+	var res SnapshotResult
+	return res, c.do(ctx, http.MethodPost, "/v1/sandboxes/"+id+"/snapshot", req, &res)
+}
+
 func (c *Client) op(ctx context.Context, id, op string) error {
 	return c.do(ctx, http.MethodPost, "/v1/sandboxes/"+id+"/"+op, nil, nil)
 }

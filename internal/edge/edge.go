@@ -30,12 +30,35 @@ type Layers interface {
 	Fetch(ctx context.Context, digest string) (backend.Layer, error)
 }
 
+// Packer turns a sandbox's changes into a layer in the shared store.
+type Packer interface {
+	// Pack builds a layer of dirs (overlay layer directories, top first:
+	// one is packed as it is, several are squashed into one) and returns
+	// its digest and size.
+	Pack(ctx context.Context, dirs []string) (SnapshotResult, error)
+}
+
+// SnapshotResult is the layer a snapshot made.
+type SnapshotResult struct {
+	Digest string `json:"digest"`
+	Size   int64  `json:"size"`
+}
+
+// SnapshotRequest is the body of the edge's POST /v1/sandboxes/{id}/snapshot.
+type SnapshotRequest struct {
+	// Merge is how many of the sandbox's top layers to flatten into the
+	// snapshot with its changes (0: the changes alone).
+	Merge int `json:"merge"`
+}
+
 // Config configures an edge.
 type Config struct {
 	// NodeID names this node to the control plane.
 	NodeID   string
 	Backends []backend.Backend
 	Layers   Layers
+	// Packer stores snapshots; nil means this node takes none.
+	Packer Packer
 	// Capacity is what this node offers; zero fields are measured.
 	Capacity api.Resources
 	Logger   *slog.Logger
@@ -260,6 +283,27 @@ func (e *Edge) Reset(ctx context.Context, id string) error {
 		sb.agent.Close() // connections to the old agent are dead
 		return sb.backend.Reset(ctx, id)
 	})
+}
+
+// Snapshot packs a sandbox's changes (and its top req.Merge layers) into
+// a new layer. The sandbox is frozen meanwhile and runs on afterwards.
+func (e *Edge) Snapshot(ctx context.Context, id string, req SnapshotRequest) (SnapshotResult, error) {
+	if e.cfg.Packer == nil {
+		return SnapshotResult{}, fmt.Errorf("node %s takes no snapshots: %w", e.cfg.NodeID, errdefs.ErrFailedPrecondition)
+	}
+	var res SnapshotResult
+	err := e.lifecycle(ctx, id, func(sb *sandbox) error {
+		return sb.backend.Snapshot(ctx, id, req.Merge, func(ctx context.Context, dirs []string) error {
+			var err error
+			res, err = e.cfg.Packer.Pack(ctx, dirs)
+			return err
+		})
+	})
+	if err != nil {
+		return SnapshotResult{}, err
+	}
+	e.log.Info("snapshot", "sandbox", id, "layer", res.Digest, "size", res.Size, "merged", req.Merge)
+	return res, nil
 }
 
 // Pause freezes a sandbox.

@@ -50,6 +50,19 @@ func (e *Edge) Handler(token string) http.Handler {
 		w.WriteHeader(http.StatusNoContent)
 	})
 	mux.HandleFunc("POST /v1/sandboxes/{id}/recycle", e.handleRecycle)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/snapshot", func(w http.ResponseWriter, r *http.Request) {
+		var req SnapshotRequest
+		if err := httpapi.DecodeJSON(r, &req); err != nil {
+			httpapi.WriteError(w, r, err)
+			return
+		}
+		res, err := e.Snapshot(r.Context(), r.PathValue("id"), req)
+		if err != nil {
+			httpapi.WriteError(w, r, err)
+			return
+		}
+		httpapi.WriteJSON(w, http.StatusCreated, res)
+	})
 	mux.HandleFunc("POST /v1/sandboxes/{id}/{op}", func(w http.ResponseWriter, r *http.Request) {
 		id := r.PathValue("id")
 		var err error

@@ -216,3 +216,25 @@ func writeFileAtomic(path string, b []byte) error {
 	}
 	return err
 }
+
+// Pack implements Packer: one directory is built as it is; several are
+// squashed first into a scratch directory beside the store's own.
+func (s *StoreLayers) Pack(ctx context.Context, dirs []string) (SnapshotResult, error) {
+	src := dirs[0]
+	if len(dirs) > 1 {
+		tmp, err := os.MkdirTemp(s.cfg.Dir, "squash-")
+		if err != nil {
+			return SnapshotResult{}, err
+		}
+		defer os.RemoveAll(tmp)
+		if err := layer.Squash(ctx, dirs, tmp); err != nil {
+			return SnapshotResult{}, err
+		}
+		src = tmp
+	}
+	d, err := s.cfg.Store.Build(ctx, src)
+	if err != nil {
+		return SnapshotResult{}, err
+	}
+	return SnapshotResult{Digest: d.Digest, Size: d.Size}, nil
+}

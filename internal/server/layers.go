@@ -57,7 +57,7 @@ func (s *Server) resolveLayer(ctx context.Context, tenant, ref string) (store.La
 func layerAPI(l store.Layer) api.Layer {
 	return api.Layer{
 		Ref: l.Name + ":" + l.Tag, Name: l.Name, Tag: l.Tag, Digest: l.Digest, Kind: l.Kind,
-		Size: l.Size, Public: l.Public, CreatedAt: l.CreatedAt,
+		Size: l.Size, Public: l.Public, CreatedAt: l.CreatedAt, Parents: l.Parents,
 	}
 }
 

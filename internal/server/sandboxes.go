@@ -49,13 +49,20 @@ func (s *Server) validate(ctx context.Context, tenant string, req api.CreateSand
 	if !s.nodes.backends()[nodeBackend(req.Backend)] {
 		return plan{}, errdefs.Invalid("backend %q is not offered by any node of this cluster", req.Backend)
 	}
-	if req.Snapshot != "" {
-		return plan{}, errdefs.Invalid("creating from a snapshot is not supported by this server yet")
-	}
-	if req.Layers == nil || req.Layers.Base == "" {
+	var digests []string
+	switch {
+	case req.Snapshot != "" && req.Layers != nil:
+		return plan{}, errdefs.Invalid("give layers or snapshot, not both")
+	case req.Snapshot != "":
+		stack, err := s.snapshotStack(ctx, tenant, req.Snapshot)
+		if err != nil {
+			return plan{}, err
+		}
+		digests = stack
+		req.Layers = &api.LayerRefs{}
+	case req.Layers == nil || req.Layers.Base == "":
 		return plan{}, errdefs.Invalid("layers.base is required")
 	}
-	var digests []string
 	for _, l := range []struct{ ref, kind string }{
 		{req.Layers.Base, api.KindBase}, {req.Layers.Workspace, api.KindWorkspace}, {req.Layers.Toolkit, api.KindToolkit},
 	} {
@@ -175,7 +182,7 @@ func (s *Server) newRecord(tenant string, p plan, nodeID string, now time.Time) 
 	return store.Sandbox{
 		API: api.Sandbox{
 			ID: "sb-" + randomID(10), Backend: req.Backend, State: api.StateCreating, Node: nodeID,
-			Layers: *req.Layers, Resources: req.Resources, Network: *req.Network, Phase: req.Phase,
+			Layers: *req.Layers, Snapshot: req.Snapshot, Resources: req.Resources, Network: *req.Network, Phase: req.Phase,
 			Phases: req.Phases, Profile: req.Profile,
 			Labels: req.Labels, Env: req.Env, CreatedAt: now, ExpiresAt: &expires,
 			TTLSeconds: int64(ttl / time.Second), IdleTimeoutSeconds: idle,

@@ -45,6 +45,9 @@ type Config struct {
 	TmpDir string
 	// MaxLayerBytes bounds a layer upload.
 	MaxLayerBytes int64
+	// MaxSnapshotDepth is how many snapshot layers may stack before a
+	// snapshot flattens them; DefaultMaxSnapshotDepth if zero.
+	MaxSnapshotDepth int
 	// Defaults fill the resources a create leaves out.
 	Defaults api.Resources
 	// DefaultTTL applies when a create gives no ttl_seconds; MaxTTL bounds it
@@ -109,6 +112,9 @@ func New(cfg Config) *Server {
 	}
 	if cfg.BatchParallel <= 0 {
 		cfg.BatchParallel = 8
+	}
+	if cfg.MaxSnapshotDepth <= 0 {
+		cfg.MaxSnapshotDepth = DefaultMaxSnapshotDepth
 	}
 	if cfg.Scheduler == nil {
 		cfg.Scheduler = scheduler.New(scheduler.DefaultConfig)
@@ -204,6 +210,7 @@ func (s *Server) Handler() http.Handler {
 	authed("GET /v1/sandboxes/{id}/processes", s.processes)
 	authed("/v1/sandboxes/{id}/processes/{rest...}", s.processes)
 	authed("POST /v1/sandboxes/{id}/reset", s.resetSandbox)
+	authed("POST /v1/sandboxes/{id}/snapshot", s.snapshotSandbox)
 	authed("POST /v1/sandboxes/{id}/pause", s.pauseSandbox)
 	authed("POST /v1/sandboxes/{id}/resume", s.resumeSandbox)
 	authed("POST /v1/sandboxes/{id}/renew", s.renewSandbox)

@@ -108,6 +108,9 @@ type Layer struct {
 	Size      int64
 	Public    bool
 	CreatedAt time.Time
+	// Parents are the layers a snapshot layer goes on top of, base first
+	// (empty for other kinds).
+	Parents []string
 }
 
 // Sandbox is the control plane's record of a sandbox. The API view lives in

@@ -227,6 +227,8 @@ func Run(t *testing.T, f Fixture) {
 		}
 	})
 
+	t.Run("snapshot", func(t *testing.T) { testSnapshot(t, f, spec) })
+
 	t.Run("parallel creates", func(t *testing.T) {
 		ctx := context.Background()
 		b := f.New(t, t.TempDir())
@@ -299,4 +301,54 @@ func run(t *testing.T, ag *agent.Client, shell string) string {
 		t.Fatalf("exec %q: exit %d: %s", shell, res.ExitCode, res.Stderr)
 	}
 	return res.Stdout
+}
+
+// testSnapshot: the changes a snapshot hands to pack (added, modified and
+// deleted files, a replaced directory), built into a layer and stacked on
+// the original layers, give a new sandbox what the first one saw; the
+// first runs on.
+func testSnapshot(t *testing.T, f Fixture, spec func(string) backend.Spec) {
+	ctx := context.Background()
+	b := f.New(t, t.TempDir())
+	sp := spec(unique("snap"))
+	sp.Backend = b.Name()
+	if err := b.Create(ctx, sp); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Destroy(context.Background(), sp.ID) })
+	ag := agentOf(b, sp.ID)
+	const view = "find /etc /srv | sort; cat /etc/hostname /srv/d/new; ls -l /etc/group 2>&1 | grep -c 'No such'"
+	run(t, ag, "echo changed > /etc/hostname; rm /etc/group; mkdir -p /srv/d; echo new > /srv/d/new; rm -rf /root; echo file > /root")
+	want := run(t, ag, view)
+	img := filepath.Join(t.TempDir(), "snap.erofs")
+	var built layer.Image
+	err := b.Snapshot(ctx, sp.ID, 0, func(ctx context.Context, dirs []string) error {
+		if len(dirs) != 1 {
+			t.Errorf("pack got %d dirs, want the upper dir alone", len(dirs))
+		}
+		var err error
+		built, err = layer.Build(ctx, dirs[0], img)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := b.State(ctx, sp.ID); err != nil || st != api.StateRunning {
+		t.Fatalf("after snapshot: state %q, %v", st, err)
+	}
+	run(t, ag, "true")
+	if err := b.Snapshot(ctx, sp.ID, 5, func(context.Context, []string) error { return nil }); !errors.Is(err, errdefs.ErrInvalid) {
+		t.Fatalf("snapshot merging more layers than the sandbox has: %v", err)
+	}
+
+	sp2 := spec(unique("fromsnap"))
+	sp2.Backend = b.Name()
+	sp2.Layers = append(sp2.Layers, backend.Layer{Digest: built.Digest, Path: img})
+	if err := b.Create(ctx, sp2); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Destroy(context.Background(), sp2.ID) })
+	if got := run(t, agentOf(b, sp2.ID), view); got != want {
+		t.Fatalf("sandbox on the snapshot sees\n%s\nwant\n%s", got, want)
+	}
 }

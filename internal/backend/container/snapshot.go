@@ -36,8 +36,11 @@ func (b *Backend) Snapshot(ctx context.Context, id string, merge int, pack func(
 			}
 		}()
 	}
-	// rec.Lowers runs top (last layer) first, the runtime layer last.
-	dirs := append([]string{filepath.Join(b.dir(id), "upper")}, rec.Lowers[:merge]...)
+	// The upper dir lives on the sandbox's own disk image, with ids as the
+	// sandbox sees them (the overlay maps them through an idmapped mount),
+	// so the layer gets the sandbox's owners. rec.Lowers runs top (last
+	// layer) first, the runtime layer last.
+	dirs := append([]string{filepath.Join(b.dir(id), "disk", "upper")}, rec.Lowers[:merge]...)
 	if err := pack(ctx, dirs); err != nil {
 		return fmt.Errorf("snapshot sandbox %s: %w", id, err)
 	}

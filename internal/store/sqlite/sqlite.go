@@ -119,6 +119,8 @@ var migrations = []string{
 		recorded_at INTEGER,
 		PRIMARY KEY (tenant, trajectory, step)
 	);`,
+	// 3: a snapshot layer's parent stack: digests, base first, space-separated.
+	`ALTER TABLE layers ADD COLUMN parents TEXT NOT NULL DEFAULT '';`,
 }
 
 func (s *Store) migrate(ctx context.Context) error {
@@ -282,24 +284,27 @@ func (s *Store) DeleteKey(ctx context.Context, id string) error {
 
 // PutLayer implements store.Store.
 func (s *Store) PutLayer(ctx context.Context, l store.Layer) error {
-	_, err := s.w.ExecContext(ctx, `INSERT INTO layers (tenant, name, tag, digest, kind, size, public, created_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+	_, err := s.w.ExecContext(ctx, `INSERT INTO layers (tenant, name, tag, digest, kind, size, public, created_at, parents)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (tenant, name, tag) DO UPDATE SET digest = excluded.digest, kind = excluded.kind,
-			size = excluded.size, public = excluded.public, created_at = excluded.created_at`,
-		l.Tenant, l.Name, l.Tag, l.Digest, l.Kind, l.Size, l.Public, nanos(l.CreatedAt))
+			size = excluded.size, public = excluded.public, created_at = excluded.created_at,
+			parents = excluded.parents`,
+		l.Tenant, l.Name, l.Tag, l.Digest, l.Kind, l.Size, l.Public, nanos(l.CreatedAt), strings.Join(l.Parents, " "))
 	if err != nil {
 		return fmt.Errorf("put layer: %w", err)
 	}
 	return nil
 }
 
-const layerCols = `tenant, name, tag, digest, kind, size, public, created_at`
+const layerCols = `tenant, name, tag, digest, kind, size, public, created_at, parents`
 
 func scanLayer(sc interface{ Scan(...any) error }) (store.Layer, error) {
 	var l store.Layer
 	var created int64
-	err := sc.Scan(&l.Tenant, &l.Name, &l.Tag, &l.Digest, &l.Kind, &l.Size, &l.Public, &created)
+	var parents string
+	err := sc.Scan(&l.Tenant, &l.Name, &l.Tag, &l.Digest, &l.Kind, &l.Size, &l.Public, &created, &parents)
 	l.CreatedAt = fromNanos(created)
+	l.Parents = strings.Fields(parents)
 	return l, err
 }
 

@@ -95,6 +95,10 @@ func Run(t *testing.T, open func(t *testing.T) store.Store, reopen func(t *testi
 		if err != nil || len(ls) != 1 {
 			t.Fatalf("ListLayers(b) = %v, %v", ls, err)
 		}
+		put(store.Layer{Tenant: "a", Name: "snap", Tag: "1", Digest: "sha256:ee", Kind: "snapshot", Parents: []string{"sha256:aa", "sha256:bb"}})
+		if l, err := s.GetLayer(ctx, "a", "snap", "1"); err != nil || len(l.Parents) != 2 || l.Parents[1] != "sha256:bb" {
+			t.Fatalf("snapshot parents: %+v %v", l, err)
+		}
 		put(store.Layer{Tenant: "a", Name: "ws", Tag: "1", Digest: "sha256:dd", Kind: "workspace"})
 		if l, _ := s.GetLayer(ctx, "a", "ws", "1"); l.Digest != "sha256:dd" {
 			t.Fatalf("retag did not move: %+v", l)

@@ -1,0 +1,100 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/edge"
+	"github.com/dsec-project/dsec/internal/errdefs"
+	"github.com/dsec-project/dsec/internal/httpapi"
+	"github.com/dsec-project/dsec/internal/store"
+)
+
+// DefaultMaxSnapshotDepth is how many snapshot layers may stack on a
+// sandbox's layers before the next snapshot flattens them into one.
+const DefaultMaxSnapshotDepth = 4
+
+// snapshotSandbox is pack_diff: the sandbox's node freezes it, packs its
+// changes into a new layer in the shared store and thaws it; the layer is
+// recorded as the tenant's, kind snapshot, with the stack it goes on.
+func (s *Server) snapshotSandbox(w http.ResponseWriter, r *http.Request) error {
+	var req api.SnapshotRequest
+	if err := httpapi.DecodeJSON(r, &req); err != nil && !errors.Is(err, httpapi.ErrEmptyBody) {
+		return err
+	}
+	p := principalFrom(r.Context())
+	sb, err := s.sandboxFor(r.Context(), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	switch sb.API.State {
+	case api.StateRunning, api.StatePaused:
+	case api.StateDeleted, api.StateFailed:
+		return errdefs.NotFound("sandbox %s is %s", sb.API.ID, sb.API.State)
+	default:
+		return fmt.Errorf("sandbox %s is %s: %w", sb.API.ID, sb.API.State, errdefs.ErrFailedPrecondition)
+	}
+	name, tag := "snapshot/"+sb.API.ID, strconv.FormatInt(time.Now().UnixNano(), 10)
+	if req.Name != "" {
+		if name, tag, err = ParseRef(req.Name); err != nil {
+			return err
+		}
+	}
+	n, err := s.nodes.get(sb.API.Node)
+	if err != nil {
+		return err
+	}
+	ctx := context.WithoutCancel(r.Context()) // once the sandbox is frozen, see it through
+	stack := sb.LayerDigests
+	depth := s.snapshotDepth(ctx, p.Tenant, stack)
+	merge := 0
+	if depth+1 > s.cfg.MaxSnapshotDepth {
+		merge = depth
+	}
+	res, err := n.client.Snapshot(ctx, sb.API.ID, edge.SnapshotRequest{Merge: merge})
+	if err != nil {
+		return err
+	}
+	l := store.Layer{
+		Tenant: p.Tenant, Name: name, Tag: tag, Digest: res.Digest, Kind: api.KindSnapshot, Size: res.Size,
+		CreatedAt: time.Now().UTC(), Parents: append([]string(nil), stack[:len(stack)-merge]...),
+	}
+	if err := s.store.PutLayer(ctx, l); err != nil {
+		return err
+	}
+	s.log.Info("snapshot stored", "tenant", p.Tenant, "sandbox", sb.API.ID, "layer", name+":"+tag,
+		"digest", res.Digest, "size", res.Size, "flattened", merge)
+	httpapi.WriteJSON(w, http.StatusCreated, layerAPI(l))
+	return nil
+}
+
+// snapshotDepth counts the snapshot layers on top of a stack.
+func (s *Server) snapshotDepth(ctx context.Context, tenant string, stack []string) int {
+	depth := 0
+	for i := len(stack) - 1; i >= 0; i-- {
+		l, err := s.store.LayerByDigest(ctx, tenant, stack[i])
+		if err != nil || l.Kind != api.KindSnapshot {
+			break
+		}
+		depth++
+	}
+	return depth
+}
+
+// snapshotStack resolves a create's snapshot ref to the stack it starts
+// from: the snapshot's parents, then the snapshot.
+func (s *Server) snapshotStack(ctx context.Context, tenant, ref string) ([]string, error) {
+	l, err := s.resolveLayer(ctx, tenant, ref)
+	if err != nil {
+		return nil, err
+	}
+	if l.Kind != api.KindSnapshot {
+		return nil, errdefs.Invalid("layer %s is a %s layer, not a snapshot", ref, l.Kind)
+	}
+	return append(append([]string(nil), l.Parents...), l.Digest), nil
+}
