@@ -2,17 +2,20 @@
 #
 #   make run    install what is missing, build, start the all-in-one server
 #   make test   install what is missing, build, run every test (as root)
+#   make debian-base   with `make run` going: build the public base layer
+#                      debian:12 (Debian bookworm + python3, pip, git) with
+#                      debootstrap and upload it
 
 GO      ?= go
 DATA    ?= .dsec
 LISTEN  ?= 127.0.0.1:7070
 # Debian packages dsec needs on a node.
-DEBS    := runc erofs-utils busybox-static fuse3 iproute2 python3 e2fsprogs nftables debootstrap
+DEBS    := runc erofs-utils busybox-static fuse3 iproute2 python3 e2fsprogs nftables debootstrap git
 # Go tools the tests run (a real S3 server), built into bin/.
 VERSITYGW := github.com/versity/versitygw/cmd/versitygw@v1.8.0
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: all build run test deps tools check-go clean
+.PHONY: all build run test deps tools check-go clean debian-base
 
 all: build
 
@@ -41,6 +44,12 @@ run: deps build
 test: deps tools build
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 30m ./...
+
+# debian-base talks to the server `make run` started (same DATA and LISTEN).
+DEBIAN_INCLUDE ?= python3,python3-pip,git
+debian-base: deps build
+	DSEC_URL=http://$(LISTEN) DSEC_API_KEY=$$(cat $(DATA)/admin.key) \
+		./bin/dsec layer build --debootstrap bookworm --include $(DEBIAN_INCLUDE) --name debian:12 --public
 
 clean:
 	rm -rf bin

@@ -30,14 +30,19 @@ func layerCmd(ctx context.Context, args []string) error {
 		kind := fs.String("kind", "base", "base, workspace or toolkit")
 		name := fs.String("name", "", "NAME:TAG")
 		public := fs.Bool("public", false, "visible to every tenant (admin only)")
+		var src layerSource
+		src.register(fs)
 		pos, _, err := parseArgs(fs, args)
 		if err != nil {
 			return err
 		}
-		if len(pos) != 1 || *name == "" {
-			return fmt.Errorf("usage: dsec layer %s --kind K --name NAME:TAG DIR|TAR|EROFS", sub)
+		if *name == "" || len(pos)+src.count() != 1 {
+			return fmt.Errorf("usage: dsec layer %s --kind K --name NAME:TAG (DIR|TAR|EROFS | --image SRC | --debootstrap SUITE | --git REPO)", sub)
 		}
-		return layerBuild(ctx, newClient(), *kind, *name, pos[0], *public)
+		if len(pos) == 1 {
+			return layerBuild(ctx, newClient(), *kind, *name, pos[0], *public)
+		}
+		return src.build(ctx, newClient(), *kind, *name, *public)
 	case "ls", "list":
 		if _, _, err := parseArgs(fs, args); err != nil {
 			return err
