@@ -6,13 +6,14 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 
 	"github.com/dsec-project/dsec/internal/bench"
 )
 
 func benchCmd(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return errors.New("usage: dsec bench create|fncall|batch|trajectory [flags]")
+		return errors.New("usage: dsec bench create|fncall|batch|trajectory|image [flags]")
 	}
 	sub, args := args[0], args[1:]
 	fs := flag.NewFlagSet("dsec bench "+sub, flag.ContinueOnError)
@@ -73,6 +74,53 @@ func benchCmd(ctx context.Context, args []string) error {
 		}
 		cfg.Client = newClient()
 		return bench.Trajectory(ctx, cfg)
+	case "image":
+		return benchImage(ctx, fs, args)
 	}
 	return fmt.Errorf("unknown benchmark %q", sub)
+}
+
+// benchImage runs `dsec bench image` in this process: it plays the nodes
+// itself (as root), over the store given.
+func benchImage(ctx context.Context, fs *flag.FlagSet, args []string) error {
+	cfg := bench.ImageConfig{Out: os.Stdout}
+	storeLoc := fs.String("store", "", "layer store the nodes share: a directory or s3://... (default: WORKDIR/store)")
+	fs.StringVar(&cfg.Rootfs, "rootfs", "", "a debootstrapped Debian tree for debian:12 (default: debootstrap one)")
+	fs.StringVar(&cfg.Repo, "repo", "", "git repository for the workspace layer")
+	repoFrom := fs.String("repo-from", "", "or a source tree (e.g. a Go module in the module cache) made into a git repository")
+	fs.IntVar(&cfg.N, "n", 64, "sandboxes started at once on a cold node")
+	fs.IntVar(&cfg.Concurrency, "concurrency", 16, "creates in flight at a time")
+	fs.IntVar(&cfg.SnapshotMB, "snapshot-mb", 100, "MB a sandbox changes before pack_diff")
+	fs.StringVar(&cfg.WorkDir, "workdir", "", "scratch directory on node-local disk (default: a new one in $TMPDIR)")
+	agent := fs.String("agent", "", "dsec-agent binary (default: next to dsec)")
+	if _, _, err := parseArgs(fs, args); err != nil {
+		return err
+	}
+	if os.Geteuid() != 0 {
+		return errors.New("dsec bench image plays the nodes: run it as root")
+	}
+	if cfg.Repo == "" && *repoFrom == "" {
+		return errors.New("dsec bench image needs --repo or --repo-from")
+	}
+	var err error
+	if cfg.WorkDir == "" {
+		if cfg.WorkDir, err = os.MkdirTemp("", "dsec-bench-image-"); err != nil {
+			return err
+		}
+		defer os.RemoveAll(cfg.WorkDir)
+	}
+	nf := nodeFlags{agent: *agent}
+	if cfg.AgentPath, err = nf.agentBinary(); err != nil {
+		return err
+	}
+	if cfg.Store, err = openBlobStore(ctx, *storeLoc, filepath.Join(cfg.WorkDir, "store"), "bench"); err != nil {
+		return err
+	}
+	if *repoFrom != "" {
+		cfg.Repo = filepath.Join(cfg.WorkDir, "repo")
+		if err := bench.RepoFromDir(ctx, *repoFrom, cfg.Repo); err != nil {
+			return err
+		}
+	}
+	return bench.Image(ctx, cfg)
 }

@@ -96,4 +96,7 @@ type Layer struct {
 	Device string `json:"device,omitempty"`
 	// OnDemand says Device is a blobfs file, best read with direct I/O.
 	OnDemand bool `json:"on_demand,omitempty"`
+	// Dir says Path is a directory holding the layer's tree, used as it
+	// is and never shared (`dsec bench image`'s untar baseline).
+	Dir bool `json:"dir,omitempty"`
 }

@@ -201,6 +201,7 @@ func (c *Cache) fetch(ctx context.Context, ch layer.Chunk) error {
 		return err
 	}
 	c.m.fetchedBytes.Add(float64(n))
+	c.m.fetchedRaw.Add(float64(len(data)))
 	c.m.fetchedChunks.Inc()
 	p := c.path(ch.Digest)
 	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {

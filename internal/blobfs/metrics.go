@@ -13,6 +13,7 @@ type metrics struct {
 	readBytes     prometheus.Counter
 	fetchedBytes  prometheus.Counter
 	fetchedChunks prometheus.Counter
+	fetchedRaw    prometheus.Counter
 	hits          prometheus.Counter
 	misses        prometheus.Counter
 	evictions     prometheus.Counter
@@ -30,6 +31,8 @@ func newMetrics() *metrics {
 			Help: "Bytes read from blobfs files by the kernel."}),
 		fetchedBytes: prometheus.NewCounter(prometheus.CounterOpts{Name: "dsec_blobfs_fetched_bytes_total",
 			Help: "Bytes fetched from the layer store (compressed)."}),
+		fetchedRaw: prometheus.NewCounter(prometheus.CounterOpts{Name: "dsec_blobfs_fetched_raw_bytes_total",
+			Help: "Uncompressed bytes of the chunks fetched from the layer store."}),
 		fetchedChunks: prometheus.NewCounter(prometheus.CounterOpts{Name: "dsec_blobfs_fetched_chunks_total",
 			Help: "Chunks fetched from the layer store."}),
 		hits: prometheus.NewCounter(prometheus.CounterOpts{Name: "dsec_blobfs_cache_hits_total",
@@ -49,7 +52,7 @@ func newMetrics() *metrics {
 		fetchSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "dsec_blobfs_fetch_seconds",
 			Help: "Latency of one chunk fetch from the layer store.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
 	}
-	m.reg.MustRegister(m.readBytes, m.fetchedBytes, m.fetchedChunks, m.hits, m.misses, m.evictions,
+	m.reg.MustRegister(m.readBytes, m.fetchedBytes, m.fetchedRaw, m.fetchedChunks, m.hits, m.misses, m.evictions,
 		m.fetchErrors, m.readErrors, m.prefetched, m.cacheBytes, m.fetchSeconds)
 	return m
 }
@@ -63,6 +66,7 @@ func (m *metrics) startFetch() func() {
 type Stats struct {
 	ReadBytes     int64 `json:"read_bytes"`
 	FetchedBytes  int64 `json:"fetched_bytes"`
+	FetchedRaw    int64 `json:"fetched_raw_bytes"`
 	FetchedChunks int64 `json:"fetched_chunks"`
 	CacheHits     int64 `json:"cache_hits"`
 	CacheMisses   int64 `json:"cache_misses"`
@@ -91,7 +95,7 @@ func (m *metrics) stats() Stats {
 		return 0
 	}
 	return Stats{
-		ReadBytes: v(m.readBytes), FetchedBytes: v(m.fetchedBytes), FetchedChunks: v(m.fetchedChunks),
+		ReadBytes: v(m.readBytes), FetchedBytes: v(m.fetchedBytes), FetchedRaw: v(m.fetchedRaw), FetchedChunks: v(m.fetchedChunks),
 		CacheHits: v(m.hits), CacheMisses: v(m.misses), Evictions: v(m.evictions),
 		FetchErrors: v(m.fetchErrors), ReadErrors: v(m.readErrors), Prefetched: v(m.prefetched),
 		CacheBytes: v(m.cacheBytes),

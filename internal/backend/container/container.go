@@ -286,10 +286,16 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (err error) {
 func (b *Backend) acquire(ctx context.Context, rec *record) error {
 	lowers := []string{b.runtime}
 	for i, l := range rec.Spec.Layers {
+		if l.Dir {
+			lowers = append([]string{l.Path}, lowers...)
+			continue
+		}
 		mp, err := b.layers.Acquire(ctx, l.Digest, mount.Source{Image: l.Path, Device: l.Device, DirectIO: l.OnDemand})
 		if err != nil {
 			for _, prev := range rec.Spec.Layers[:i] {
-				b.layers.Release(prev.Digest)
+				if !prev.Dir {
+					b.layers.Release(prev.Digest)
+				}
 			}
 			return fmt.Errorf("sandbox %s: mount layer %s: %w", rec.Spec.ID, l.Digest, err)
 		}
@@ -307,6 +313,9 @@ func (b *Backend) release(rec *record) {
 		return
 	}
 	for _, l := range rec.Spec.Layers {
+		if l.Dir {
+			continue
+		}
 		if err := b.layers.Release(l.Digest); err != nil {
 			b.log.Warn("release layer", "sandbox", rec.Spec.ID, "layer", l.Digest, "err", err)
 		}

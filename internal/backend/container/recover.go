@@ -154,6 +154,9 @@ func (b *Backend) recoverLayers(adopted []*record) ([]backend.Layer, error) {
 	var remount []backend.Layer
 	for _, rec := range adopted {
 		for _, l := range rec.Spec.Layers {
+			if l.Dir {
+				continue // not pooled: a directory, used as it is
+			}
 			h, err := layer.ParseDigest(l.Digest)
 			if err != nil {
 				return nil, fmt.Errorf("recover sandbox %s: %w", rec.Spec.ID, err)
