@@ -182,7 +182,10 @@ func (n *benchNode) close() {
 		n.back.Close()
 	}
 	if n.fs != nil {
-		n.fs.Close()
+		if err := n.fs.Close(); err != nil {
+			// Its last EROFS user may linger: detach it, so nothing stays.
+			syscall.Unmount(filepath.Join(n.root, "blobfs"), syscall.MNT_DETACH)
+		}
 	}
 	os.RemoveAll(n.root)
 }

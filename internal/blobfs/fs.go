@@ -126,14 +126,20 @@ func Mount(cfg Config) (*FS, error) {
 }
 
 // Close stops prefetches and unmounts. EROFS mounts still using blobfs
-// files keep it busy: unmount them first.
+// files keep it busy (a lazily detached one until its last user is gone):
+// Close retries for a few seconds, then gives up with an error and the
+// file system still served.
 func (f *FS) Close() error {
 	f.cancel()
 	f.wg.Wait()
-	if err := f.server.Unmount(); err != nil {
-		return fmt.Errorf("unmount blobfs: %w", err)
+	var err error
+	for delay := 10 * time.Millisecond; delay < 5*time.Second; delay *= 2 {
+		if err = f.server.Unmount(); err == nil {
+			return nil
+		}
+		time.Sleep(delay)
 	}
-	return nil
+	return fmt.Errorf("unmount blobfs: %w", err)
 }
 
 // Wait blocks until the file system is unmounted.
