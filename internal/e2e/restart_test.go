@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"crypto/md5"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"os/exec"
@@ -253,4 +255,46 @@ func TestServerRestartRepairs(t *testing.T) {
 	if got := runcContainers(t, s); len(got) != len(boxes) {
 		t.Fatalf("runc runs %v", got)
 	}
+}
+
+// TestRestartOnDemandLayers: with layer data read on demand, a sandbox
+// survives `kill -9` of the server, and reads data it had never touched
+// afterwards: the node's blobfs is a process of its own, and the new
+// server finds it again instead of starting a second one.
+func TestRestartOnDemandLayers(t *testing.T) {
+	s := startServer(t, "--layer-direct-below", "0")
+	c := s.Client
+	ctx := ctxT(t)
+	big := strings.Repeat("0123456789abcdef", 1<<16) // 1 MiB, several chunks
+	if _, err := c.CreateLayer(ctx, api.KindWorkspace, "lazy:1", makeTar(t,
+		tarFile{name: "data/first", body: "first"},
+		tarFile{name: "data/later", body: big},
+	), false); err != nil {
+		t.Fatal(err)
+	}
+	sb := newSandbox(t, c, &api.LayerRefs{Base: "base:minimal", Workspace: "lazy:1"})
+	if got := sh(t, c, sb.ID, "cat /data/first"); got != "first" {
+		t.Fatalf("before restart: %q", got)
+	}
+	pid, err := os.ReadFile(filepath.Join(s.DataDir, "edge", "blobfs", "blobfs.pid"))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	s.Kill()
+	s.Restart()
+	c = s.Client
+
+	if got := sh(t, c, sb.ID, "md5sum < /data/later"); got != md5hex(big)+"  -\n" {
+		t.Fatalf("after restart, /data/later hashes to %q", got)
+	}
+	again, err := os.ReadFile(filepath.Join(s.DataDir, "edge", "blobfs", "blobfs.pid"))
+	if err != nil || string(again) != string(pid) {
+		t.Fatalf("blobfs pid %q before the restart, %q (%v) after: want the same process", pid, again, err)
+	}
+}
+
+func md5hex(s string) string {
+	sum := md5.Sum([]byte(s))
+	return hex.EncodeToString(sum[:])
 }
