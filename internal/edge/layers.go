@@ -59,6 +59,9 @@ type StoreLayers struct {
 
 	mu       sync.Mutex
 	inflight map[string]*layerFetch
+	// ready holds the layers this node has all it needs of: creates from
+	// cached layers touch neither the store nor the disk.
+	ready map[string]backend.Layer
 
 	fetched atomic.Int64 // bytes read from the store for whole parts
 }
@@ -87,7 +90,7 @@ func NewStoreLayers(cfg StoreLayersConfig) (*StoreLayers, error) {
 			return nil, fmt.Errorf("node layers: %w", err)
 		}
 	}
-	return &StoreLayers{cfg: cfg, log: cfg.Logger, inflight: map[string]*layerFetch{}}, nil
+	return &StoreLayers{cfg: cfg, log: cfg.Logger, inflight: map[string]*layerFetch{}, ready: map[string]backend.Layer{}}, nil
 }
 
 // ManifestDir is where blobfs finds the manifests of the layers it serves.
@@ -104,6 +107,10 @@ func (s *StoreLayers) Fetch(ctx context.Context, digest string) (backend.Layer, 
 		return backend.Layer{}, err
 	}
 	s.mu.Lock()
+	if l, ok := s.ready[h]; ok {
+		s.mu.Unlock()
+		return l, nil
+	}
 	if f := s.inflight[h]; f != nil {
 		s.mu.Unlock()
 		select {
@@ -119,6 +126,9 @@ func (s *StoreLayers) Fetch(ctx context.Context, digest string) (backend.Layer, 
 	f.l, f.err = s.fetch(context.WithoutCancel(ctx), digest, h)
 	s.mu.Lock()
 	delete(s.inflight, h)
+	if f.err == nil {
+		s.ready[h] = f.l
+	}
 	s.mu.Unlock()
 	close(f.done)
 	return f.l, f.err
