@@ -91,6 +91,7 @@ func benchImage(ctx context.Context, fs *flag.FlagSet, args []string) error {
 	fs.IntVar(&cfg.N, "n", 64, "sandboxes started at once on a cold node")
 	fs.IntVar(&cfg.Concurrency, "concurrency", 16, "creates in flight at a time")
 	fs.IntVar(&cfg.SnapshotMB, "snapshot-mb", 100, "MB a sandbox changes before pack_diff")
+	fs.StringVar(&cfg.Parts, "parts", "abc", "parts to run: (a) session bytes, (b) cold burst, (c) pack_diff")
 	fs.StringVar(&cfg.WorkDir, "workdir", "", "scratch directory on node-local disk (default: a new one in $TMPDIR)")
 	agent := fs.String("agent", "", "dsec-agent binary (default: next to dsec)")
 	if _, _, err := parseArgs(fs, args); err != nil {

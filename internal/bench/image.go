@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -29,6 +30,8 @@ type ImageConfig struct {
 	N, Concurrency int
 	// SnapshotMB is how much a sandbox changes before pack_diff.
 	SnapshotMB int
+	// Parts picks what to run: any of "a", "b", "c" (all by default).
+	Parts      string
 	AgentPath  string
 	WorkDir    string
 	Out        io.Writer
@@ -67,7 +70,29 @@ func Image(ctx context.Context, cfg ImageConfig) error {
 	fmt.Fprintf(w, "layers: debian:12 %s + workspace %s = %s uncompressed, %s in the store (zstd, deduplicated)\n\n",
 		mb(base.Size), mb(ws.Size), mb(total), mb(stored))
 
-	// (a) bytes fetched for a realistic session, on a cold node.
+	if cfg.Parts == "" {
+		cfg.Parts = "abc"
+	}
+	if strings.Contains(cfg.Parts, "a") {
+		if err := sessionBytes(ctx, cfg, st, stack, total, stored); err != nil {
+			return err
+		}
+	}
+	if strings.Contains(cfg.Parts, "b") {
+		if err := bursts(ctx, cfg, st, stack); err != nil {
+			return err
+		}
+	}
+	if strings.Contains(cfg.Parts, "c") {
+		return packDiff(ctx, cfg, st, stack)
+	}
+	return nil
+}
+
+// sessionBytes is part (a): bytes fetched for a realistic session, on a
+// cold node.
+func sessionBytes(ctx context.Context, cfg ImageConfig, st *layer.Store, stack []string, total, stored int64) error {
+	w := cfg.Out
 	n, err := newBenchNode(ctx, cfg, st, modeOnDemand, "session")
 	if err != nil {
 		return err
@@ -90,8 +115,12 @@ func Image(ctx context.Context, cfg ImageConfig) error {
 		mb(fetched), mb(metaFetched), bs.FetchedChunks, mb(bs.FetchedBytes), mb(stored), 100*float64(fetched)/float64(stored))
 	fmt.Fprintf(w, "    uncompressed: %s of chunks fetched, %s read by EROFS, of %s = %.1f%% (goal ≤ 15%%)\n\n",
 		mb(bs.FetchedRaw), mb(bs.ReadBytes), mb(total), 100*float64(bs.FetchedRaw)/float64(total))
+	return nil
+}
 
-	// (b) N sandboxes on a cold node, three ways.
+// bursts is part (b): N sandboxes on a cold node, three ways.
+func bursts(ctx context.Context, cfg ImageConfig, st *layer.Store, stack []string) error {
+	w := cfg.Out
 	fmt.Fprintf(w, "(b) %d sandboxes (%d at a time) on a cold node, each ready when `%s` ran:\n", cfg.N, cfg.Concurrency, readyCmd)
 	fmt.Fprintf(w, "    %-24s %12s %14s %14s\n", "mode", "all ready", "node disk", "fetched")
 	res := map[string]burstResult{}
@@ -108,8 +137,7 @@ func Image(ctx context.Context, cfg ImageConfig) error {
 		full.wall.Seconds()/od.wall.Seconds(), 100*(1-float64(od.disk)/float64(full.disk)))
 	fmt.Fprintf(w, "    on-demand vs untar:     %.2f× faster, %.1f× fewer bytes written (goal ≥ 5.5×)\n\n",
 		untar.wall.Seconds()/od.wall.Seconds(), float64(untar.disk)/float64(od.disk))
-
-	return packDiff(ctx, cfg, st, stack)
+	return nil
 }
 
 type burstResult struct {
