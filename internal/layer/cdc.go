@@ -15,13 +15,13 @@ import (
 // The parameters are part of the layer format: changing them changes
 // every layer's chunks (not its contents).
 const (
-	cdcMin = 16 << 10
-	cdcAvg = 64 << 10
-	cdcMax = 256 << 10
+	cdcMin = 8 << 10
+	cdcAvg = 32 << 10
+	cdcMax = 128 << 10
 	// Harder to cut below the average, easier above it (normalization
 	// level 2), so sizes cluster around cdcAvg.
-	cdcMaskSmall = (1 << 18) - 1 // 18 bits: avg log2 + 2
-	cdcMaskLarge = (1 << 14) - 1 // 14 bits: avg log2 - 2
+	cdcMaskSmall = (1 << 17) - 1 // 17 bits: avg log2 + 2
+	cdcMaskLarge = (1 << 13) - 1 // 13 bits: avg log2 - 2
 )
 
 // gear is the hash's byte table, from a fixed seed so every build of dsec
