@@ -20,9 +20,12 @@ import (
 
 func layerCmd(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return errors.New("usage: dsec layer build|import|ls|get")
+		return errors.New("usage: dsec layer build|import|ls|get|record-prefetch")
 	}
 	sub, args := args[0], args[1:]
+	if sub == "record-prefetch" {
+		return layerRecordPrefetch(ctx, args)
+	}
 	fs := flag.NewFlagSet("dsec layer "+sub, flag.ContinueOnError)
 	newClient := clientFlags(fs)
 	switch sub {

@@ -86,3 +86,42 @@ func (l *layerFlags) validate() error {
 	}
 	return nil
 }
+
+// layerRecordPrefetch stores, for each layer given, the chunks this node's
+// blobfs saw read (first-read order) as the layer's hot list: nodes that
+// mount the layer later fetch those chunks ahead of use. Run it on a node,
+// as root, after a representative first run.
+func layerRecordPrefetch(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("dsec layer record-prefetch", flag.ContinueOnError)
+	edgeData := fs.String("edge-data", "", "the node's edge data directory (dsec server: <data>/edge; dsec edge: --data)")
+	storeLoc := fs.String("store", "", "the layer store (as given to dsec server or edge; empty: <data>/store of the server whose edge data this is)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *edgeData == "" || fs.NArg() == 0 {
+		return errors.New("usage: dsec layer record-prefetch --edge-data DIR [--store LOC] DIGEST...")
+	}
+	bs, err := openBlobStore(ctx, *storeLoc, filepath.Join(*edgeData, "..", "store"), "")
+	if err != nil {
+		return err
+	}
+	st, err := layer.NewStore(bs, filepath.Join(*edgeData, "tmp"))
+	if err != nil {
+		return err
+	}
+	for _, d := range fs.Args() {
+		h, err := layer.ParseDigest(d)
+		if err != nil {
+			return err
+		}
+		hot, err := blobfs.DaemonTouched(ctx, filepath.Join(*edgeData, "blobfs"), h)
+		if err != nil {
+			return err
+		}
+		if err := st.PutPrefetch(ctx, d, hot); err != nil {
+			return err
+		}
+		fmt.Printf("%s: %d hot chunks\n", d, len(hot))
+	}
+	return nil
+}

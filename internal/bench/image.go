@@ -106,6 +106,12 @@ func sessionBytes(ctx context.Context, cfg ImageConfig, st *layer.Store, stack [
 	elapsed := time.Since(t0)
 	fetched, bs := n.fetched(), n.fs.Stats()
 	metaFetched := n.layers.FetchedBytes()
+	hot := map[string][]int{}
+	for _, d := range stack {
+		if h, ok := n.fs.Touched(d[len("sha256:"):]); ok {
+			hot[d] = h
+		}
+	}
 	n.close()
 	if err != nil {
 		return fmt.Errorf("session: %w", err)
@@ -113,8 +119,38 @@ func sessionBytes(ctx context.Context, cfg ImageConfig, st *layer.Store, stack [
 	fmt.Fprintf(w, "(a) session (python script, git status, pip --version) in %s; output:\n%s", elapsed.Round(time.Millisecond), indent(out))
 	fmt.Fprintf(w, "    fetched from the store: %s (metadata %s + %d chunks %s) of %s stored = %.1f%%\n",
 		mb(fetched), mb(metaFetched), bs.FetchedChunks, mb(bs.FetchedBytes), mb(stored), 100*float64(fetched)/float64(stored))
-	fmt.Fprintf(w, "    uncompressed: %s of chunks fetched, %s read by EROFS, of %s = %.1f%% (goal ≤ 15%%)\n\n",
+	fmt.Fprintf(w, "    uncompressed: %s of chunks fetched, %s read by EROFS, of %s = %.1f%% (goal ≤ 15%%)\n",
 		mb(bs.FetchedRaw), mb(bs.ReadBytes), mb(total), 100*float64(bs.FetchedRaw)/float64(total))
+	return prefetchRun(ctx, cfg, st, stack, hot, elapsed)
+}
+
+// prefetchRun records the first session's chunks as the layers' hot lists,
+// runs the session again on another cold node that prefetches them, and
+// removes the lists (parts b and c run without them).
+func prefetchRun(ctx context.Context, cfg ImageConfig, st *layer.Store, stack []string, hot map[string][]int, first time.Duration) error {
+	for d, h := range hot {
+		if err := st.PutPrefetch(ctx, d, h); err != nil {
+			return err
+		}
+		defer st.Blobs().Delete(context.WithoutCancel(ctx), layer.PrefetchKey(d))
+	}
+	n, err := newBenchNode(ctx, cfg, st, modeOnDemand, "prefetch")
+	if err != nil {
+		return err
+	}
+	defer n.close()
+	t0 := time.Now()
+	err = n.start(ctx, "bench-prefetch", stack, "true")
+	if err == nil {
+		_, err = n.sh(ctx, "bench-prefetch", session)
+	}
+	if err != nil {
+		return fmt.Errorf("session with prefetch: %w", err)
+	}
+	d := time.Since(t0)
+	s := n.fs.Stats()
+	fmt.Fprintf(cfg.Out, "    again on a cold node with the first run's chunks as hot lists: %s instead of %s (%d chunks prefetched, %d cache hits, %d misses)\n\n",
+		d.Round(time.Millisecond), first.Round(time.Millisecond), s.Prefetched, s.CacheHits, s.CacheMisses)
 	return nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -12,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -180,21 +182,39 @@ func lastLines(b []byte, n int) string {
 	return string(b)
 }
 
+// DaemonTouched asks the blobfs serving dir for the chunks of a layer's
+// blob read so far, in first-read order.
+func DaemonTouched(ctx context.Context, dir, hex string) ([]int, error) {
+	var hot []int
+	if err := daemonGet(ctx, dir, "/v1/touched/"+hex, &hot); err != nil {
+		return nil, fmt.Errorf("blobfs touched chunks of %s: %w", hex, err)
+	}
+	return hot, nil
+}
+
 // DaemonStats asks the blobfs serving dir for its counters.
 func DaemonStats(ctx context.Context, dir string) (Stats, error) {
+	var s Stats
+	if err := daemonGet(ctx, dir, "/v1/stats", &s); err != nil {
+		return Stats{}, fmt.Errorf("blobfs stats: %w", err)
+	}
+	return s, nil
+}
+
+func daemonGet(ctx context.Context, dir, path string, out any) error {
 	c := http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", socketPath(dir))
 	}}}
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://blobfs/v1/stats", nil)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://blobfs"+path, nil)
 	resp, err := c.Do(req)
 	if err != nil {
-		return Stats{}, fmt.Errorf("blobfs stats: %w", err)
+		return err
 	}
 	defer resp.Body.Close()
-	var s Stats
-	if err := json.NewDecoder(resp.Body).Decode(&s); err != nil {
-		return Stats{}, fmt.Errorf("blobfs stats: %w", err)
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(b)))
 	}
-	return s, nil
+	return json.NewDecoder(resp.Body).Decode(out)
 }
