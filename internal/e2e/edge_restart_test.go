@@ -99,8 +99,9 @@ func (e *edgeProc) leaks() []string {
 		out = append(out, "directory "+d.Name())
 	}
 	b, _ := os.ReadFile("/proc/self/mountinfo")
+	blobfsMount := filepath.Join(e.data, "blobfs", "mnt") // the node's, not a sandbox's
 	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], e.data+"/") {
+		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], e.data+"/") && f[4] != blobfsMount {
 			out = append(out, "mount "+f[4])
 		}
 	}
@@ -134,6 +135,7 @@ func (e *edgeProc) cleanup() {
 		exec.Command("runc", "--root", runcRoot, "delete", "--force", id).Run()
 	}
 	testutil.UnmountAll(e.data)
+	testutil.StopBlobfs(filepath.Join(e.data, "blobfs"))
 	dirs, _ := filepath.Glob("/sys/fs/cgroup/*/" + e.parent)
 	for _, d := range append(dirs, "/sys/fs/cgroup/"+e.parent) {
 		kids, _ := filepath.Glob(d + "/*")
@@ -165,7 +167,7 @@ func TestEdgeRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := startEdge(t, filepath.Join(s.DataDir, "layers"))
+	e := startEdge(t, filepath.Join(s.DataDir, "store"))
 	ctx := ctxT(t)
 	create := func(id string) error {
 		_, err := e.Client.Create(ctx, edge.CreateRequest{
