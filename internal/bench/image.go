@@ -31,10 +31,10 @@ type ImageConfig struct {
 	// SnapshotMB is how much a sandbox changes before pack_diff.
 	SnapshotMB int
 	// Parts picks what to run: any of "a", "b", "c" (all by default).
-	Parts      string
-	AgentPath  string
-	WorkDir    string
-	Out        io.Writer
+	Parts     string
+	AgentPath string
+	WorkDir   string
+	Out       io.Writer
 
 	tarKeys map[string]string
 }

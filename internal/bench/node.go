@@ -294,8 +294,6 @@ func writeTarGz(ctx context.Context, bs blob.Store, key, dir, tmpDir string) (in
 	return size, nil
 }
 
-
-
 func edgeSnapshotRequest() edge.SnapshotRequest { return edge.SnapshotRequest{} }
 
 func mb(n int64) string { return fmt.Sprintf("%.1f MB", float64(n)/1e6) }
