@@ -13,9 +13,14 @@ import (
 	"github.com/dsec-project/dsec/internal/blobfs"
 )
 
-// view describes /ws inside a sandbox: every path, with file contents.
+// view describes /ws inside a sandbox: every path with its owner, and
+// file contents.
 const view = `cd /ws && find . | sort | while read f; do
-	if [ -L "$f" ]; then echo "$f -> $(readlink "$f")"; elif [ -f "$f" ]; then echo "$f: $(cat "$f")"; else echo "$f/"; fi
+	o=$(stat -c %u:%g "$f")
+	if [ -L "$f" ]; then echo "$f $o -> $(readlink "$f")"
+	elif [ -f "$f" ] && [ $(stat -c %s "$f") -gt 200 ]; then echo "$f $o: $(md5sum < "$f")"
+	elif [ -f "$f" ]; then echo "$f $o: $(cat "$f")"
+	else echo "$f/ $o"; fi
 done`
 
 // TestSnapshot is pack_diff end to end, with layer data read on demand
@@ -50,8 +55,12 @@ func TestSnapshot(t *testing.T) {
 	sb1 := newSandbox(t, c, &api.LayerRefs{Base: "base:minimal", Workspace: "snapws:1"})
 	sh(t, c, sb1.ID, `cd /ws && echo new > mod && rm gone && rm dir/a && echo added > added &&
 		rm -rf replace && mkdir replace && echo only > replace/only && rm link && ln -s mod link &&
-		mkdir -p fresh/deep && echo x > fresh/deep/x && head -c 300000 /dev/urandom > big && md5sum big > big.md5`)
+		mkdir -p fresh/deep && echo x > fresh/deep/x && head -c 300000 /dev/urandom > big && md5sum big > big.md5 &&
+		chown 1000:1000 added && chown -R 123:456 fresh`)
 	want := sh(t, c, sb1.ID, view)
+	if !strings.Contains(want, "./added 1000:1000: added") || !strings.Contains(want, "./keep 0:0: keep") {
+		t.Fatalf("owners before the snapshot:\n%s", want)
+	}
 
 	snap1, err := c.Snapshot(ctx, sb1.ID, "snap:1")
 	if err != nil {
