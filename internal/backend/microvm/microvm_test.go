@@ -1,0 +1,75 @@
+package microvm_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/backend"
+	"github.com/dsec-project/dsec/internal/backend/backendtest"
+	"github.com/dsec-project/dsec/internal/backend/microvm"
+	"github.com/dsec-project/dsec/internal/backend/microvm/qemu"
+	"github.com/dsec-project/dsec/internal/initramfs"
+	"github.com/dsec-project/dsec/internal/testutil"
+	"github.com/dsec-project/dsec/internal/vmlink"
+)
+
+var (
+	// live is the backend of each root: a second backend on a root plays
+	// the same node after an edge restart, so the first one dies first.
+	liveMu sync.Mutex
+	live   = map[string]*microvm.Backend{}
+
+	vmmOnce sync.Once
+	vmm     *qemu.VMM
+	vmmErr  error
+)
+
+// newBackend makes a microvm backend over root; the VMM (and its KVM
+// probe) is shared by the whole test binary.
+func newBackend(t *testing.T, root string, link vmlink.ClientConfig) *microvm.Backend {
+	t.Helper()
+	testutil.Require(t, testutil.MicroVMRequirements...)
+	k, err := initramfs.FindKernel(testutil.GuestKernelDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	vmmOnce.Do(func() {
+		vmm, vmmErr = qemu.New(context.Background(), qemu.Config{Kernel: k.Image, CacheDir: os.TempDir()})
+	})
+	if vmmErr != nil {
+		t.Fatal(vmmErr)
+	}
+	b, err := microvm.New(microvm.Config{
+		Root: root, VMM: vmm, Kernel: k, AgentPath: filepath.Join(testutil.Binaries(t), "dsec-agent"), Link: link,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	liveMu.Lock()
+	if prev := live[root]; prev != nil {
+		prev.Close()
+	}
+	live[root] = b
+	liveMu.Unlock()
+	t.Cleanup(func() {
+		b.Close()
+		if leaks := microvm.Leaks(root); len(leaks) > 0 {
+			t.Errorf("left behind: %v", leaks)
+		}
+	})
+	return b
+}
+
+func TestConformance(t *testing.T) {
+	testutil.Require(t, testutil.MicroVMRequirements...)
+	backendtest.Run(t, backendtest.Fixture{
+		New: func(t *testing.T, root string) backend.Backend {
+			return newBackend(t, root, vmlink.ClientConfig{})
+		},
+		Resources: api.Resources{CPU: 1, MemoryMB: 256, DiskMB: 512},
+	})
+}
