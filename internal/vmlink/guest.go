@@ -123,14 +123,32 @@ func (l *Listener) waitHello() (rest, nonce []byte, err error) {
 			continue
 		}
 		buf = append(buf, chunk[:n]...)
-		if i := bytes.Index(buf, helloMagic); i >= 0 && len(buf) >= i+len(helloMagic)+nonceLen {
+		// Answer the last greeting: a host that gave up on an earlier one
+		// waits for the answer to its latest.
+		if i := lastHello(buf); i >= 0 {
 			start := i + len(helloMagic)
 			return buf[start+nonceLen:], bytes.Clone(buf[start : start+nonceLen]), nil
-		} else if i < 0 && len(buf) > len(helloMagic) {
-			buf = append(buf[:0], buf[len(buf)-len(helloMagic)+1:]...)
+		}
+		if len(buf) > 2*len(helloMagic)+nonceLen {
+			buf = append(buf[:0], buf[len(buf)-len(helloMagic)-nonceLen:]...)
 		}
 	}
 	return nil, nil, net.ErrClosed
+}
+
+// lastHello is the index of the last complete greeting in buf, or -1.
+func lastHello(buf []byte) int {
+	for end := len(buf); end > 0; {
+		i := bytes.LastIndex(buf[:end], helloMagic)
+		if i < 0 {
+			return -1
+		}
+		if len(buf) >= i+len(helloMagic)+nonceLen {
+			return i
+		}
+		end = i
+	}
+	return -1
 }
 
 // portConn is one session's view of the port. Once the session ends its

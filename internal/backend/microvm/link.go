@@ -78,16 +78,35 @@ func (l *link) session(ctx context.Context) (*yamux.Session, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	c, err := DialUnix(ctx, filepath.Join(l.m.Dir, AgentSocket))
-	if err != nil {
-		return nil, err
+	// A guest whose host went away and came back at once (a VMM that was
+	// stopped, then continued) may not have seen the hang-up, and take
+	// the greeting for bytes of its old session, which then fails. Greet
+	// again, on a new connection, after a growing wait.
+	var (
+		sess *yamux.Session
+		err  error
+	)
+	for attempt := time.Second; ; attempt *= 2 {
+		actx, acancel := context.WithTimeout(ctx, attempt)
+		sess, err = l.greet(actx)
+		acancel()
+		if err == nil || ctx.Err() != nil {
+			break
+		}
 	}
-	sess, err := vmlink.Client(ctx, c, l.cfg)
 	if err != nil {
 		return nil, err
 	}
 	l.sess = sess
 	return sess, nil
+}
+
+func (l *link) greet(ctx context.Context) (*yamux.Session, error) {
+	c, err := DialUnix(ctx, filepath.Join(l.m.Dir, AgentSocket))
+	if err != nil {
+		return nil, err
+	}
+	return vmlink.Client(ctx, c, l.cfg)
 }
 
 // drop ends sess if it is still the current session.

@@ -234,10 +234,13 @@ func (v *VMM) Status(ctx context.Context, m *microvm.Machine, p microvm.Process)
 		Status string `json:"status"`
 	}
 	if err := v.control(ctx, m, p, "query-status", nil, &st); err != nil {
-		if !p.Alive() {
-			return microvm.StatusStopped, nil
+		var qe *qmpError
+		if errors.As(err, &qe) {
+			return "", err
 		}
-		return "", err
+		// A VMM that cannot be reached on its control socket is exiting
+		// (the socket is closed or reset) or hung (no answer).
+		return microvm.StatusStopped, nil
 	}
 	switch st.Status {
 	case "running":

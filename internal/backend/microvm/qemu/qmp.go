@@ -32,8 +32,11 @@ func qmp(ctx context.Context, sock, command string, args, out any) error {
 	var greeting struct {
 		QMP json.RawMessage `json:"QMP"`
 	}
-	if err := readMsg(r, &greeting); err != nil || greeting.QMP == nil {
-		return fmt.Errorf("qmp %s: greeting: %v", command, err)
+	if err := readMsg(r, &greeting); err != nil {
+		return fmt.Errorf("qmp %s: greeting: %w", command, err)
+	}
+	if greeting.QMP == nil {
+		return fmt.Errorf("qmp %s: no greeting", command)
 	}
 	for _, cmd := range []struct {
 		name string
@@ -63,7 +66,7 @@ func qmp(ctx context.Context, sock, command string, args, out any) error {
 				continue
 			}
 			if resp.Error != nil {
-				return fmt.Errorf("qmp %s: %s: %s", cmd.name, resp.Error.Class, resp.Error.Desc)
+				return &qmpError{cmd: cmd.name, class: resp.Error.Class, desc: resp.Error.Desc}
 			}
 			if cmd.out != nil {
 				if err := json.Unmarshal(resp.Return, cmd.out); err != nil {
@@ -83,3 +86,9 @@ func readMsg(r *bufio.Reader, v any) error {
 	}
 	return json.Unmarshal(line, v)
 }
+
+// qmpError is an error QEMU answered with, as opposed to a failure to
+// reach it.
+type qmpError struct{ cmd, class, desc string }
+
+func (e *qmpError) Error() string { return fmt.Sprintf("qmp %s: %s: %s", e.cmd, e.class, e.desc) }
