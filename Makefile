@@ -2,15 +2,19 @@
 #
 #   make run    install what is missing, build, start the all-in-one server
 #   make test   install what is missing, build, run every test (as root)
+#   make guest-kernel   fetch the microVM guest kernel (also done by run and test)
 
 GO      ?= go
 DATA    ?= .dsec
 LISTEN  ?= 127.0.0.1:7070
 # Debian packages dsec needs on a node.
-DEBS    := runc erofs-utils busybox-static fuse3 iproute2 python3 e2fsprogs nftables
+DEBS    := runc erofs-utils busybox-static fuse3 iproute2 python3 e2fsprogs nftables qemu-system-x86
+# The microVM guest kernel: Debian's cloud kernel, unpacked (never committed).
+GUEST_KERNEL_PKG ?= linux-image-cloud-amd64
+GUEST_KERNEL     := bin/guest-kernel
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: all build run test deps check-go clean
+.PHONY: all build run test deps check-go clean guest-kernel
 
 all: build
 
@@ -29,10 +33,25 @@ build: check-go
 	CGO_ENABLED=0 $(GO) build -o bin/dsec-agent ./cmd/dsec-agent
 	CGO_ENABLED=0 $(GO) build -o bin/dsec ./cmd/dsec
 
-run: deps build
+# guest-kernel downloads the kernel package the meta-package points at and
+# unpacks its kernel and modules into bin/guest-kernel.
+guest-kernel: $(GUEST_KERNEL)/.done
+
+$(GUEST_KERNEL)/.done:
+	@set -e; pkg=$$(apt-cache depends $(GUEST_KERNEL_PKG) 2>/dev/null | awk '/Depends: linux-image-/ {print $$2; exit}'); \
+	if [ -z "$$pkg" ]; then apt-get update -qq; pkg=$$(apt-cache depends $(GUEST_KERNEL_PKG) | awk '/Depends: linux-image-/ {print $$2; exit}'); fi; \
+	test -n "$$pkg" || { echo "cannot resolve $(GUEST_KERNEL_PKG)"; exit 1; }; \
+	tmp=$$(mktemp -d); chmod 755 $$tmp; trap 'rm -rf $$tmp' EXIT; \
+	echo "fetching guest kernel $$pkg"; \
+	(cd $$tmp && apt-get download -q $$pkg 2>&1 | grep -v unsandboxed || true); \
+	deb=$$(ls $$tmp/*.deb); rm -rf $(GUEST_KERNEL); mkdir -p $(GUEST_KERNEL); \
+	dpkg-deb -x $$deb $$tmp/x; mv $$tmp/x/boot $$tmp/x/lib $(GUEST_KERNEL)/; \
+	echo "$$pkg" > $@
+
+run: deps build guest-kernel
 	./bin/dsec server --data $(DATA) --listen $(LISTEN)
 
-test: deps build
+test: deps build guest-kernel
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 30m ./...
 

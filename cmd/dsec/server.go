@@ -33,6 +33,7 @@ type nodeFlags struct {
 	uidBase      uint
 	net          netFlags
 	debug        bool
+	microvm      microvmFlags
 }
 
 func (n *nodeFlags) register(fs *flag.FlagSet) {
@@ -45,6 +46,7 @@ func (n *nodeFlags) register(fs *flag.FlagSet) {
 	fs.UintVar(&n.uidBase, "uid-base", 1<<24, "first host uid of the sandboxes' id ranges (65536 ids each)")
 	n.net.register(fs)
 	fs.BoolVar(&n.debug, "debug", false, "debug logging")
+	n.microvm.register(fs)
 }
 
 func (n *nodeFlags) logger() *slog.Logger {
@@ -92,13 +94,26 @@ func (n *nodeFlags) startEdge(ctx context.Context, dataDir string, layers edge.L
 	if err != nil {
 		return nil, nil, err
 	}
+	backends := []backend.Backend{cb}
+	mb, err := n.microvm.backend(ctx, filepath.Join(dataDir, "microvm"), agent, n.maxFileBytes, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	if mb != nil {
+		backends = append(backends, mb)
+	}
 	e, err := edge.New(ctx, edge.Config{
-		NodeID: n.nodeID, Backends: []backend.Backend{cb}, Layers: layers, Logger: log,
+		NodeID: n.nodeID, Backends: backends, Layers: layers, Logger: log,
 	})
 	if err != nil {
 		return nil, nil, err
 	}
-	return e, func() { cb.Close() }, nil
+	return e, func() {
+		cb.Close()
+		if mb != nil {
+			mb.Close()
+		}
+	}, nil
 }
 
 func serverCmd(ctx context.Context, args []string) error {

@@ -4,6 +4,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
 )
 
 // GuestKernelDir is where `make guest-kernel` unpacks the microVM guest
@@ -26,3 +29,12 @@ func GuestKernel() string {
 
 // MicroVMRequirements are what a microVM sandbox needs from the machine.
 var MicroVMRequirements = []Requirement{Root, Tool("qemu-system-x86_64"), Tool("mkfs.ext4"), GuestKernel}
+
+// killVMs kills the VMM processes a crashed server left under dir.
+func killVMs(dir string) {
+	for _, p := range vmProcesses(dir) {
+		if pid, err := strconv.Atoi(strings.Fields(p)[1]); err == nil {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+}
