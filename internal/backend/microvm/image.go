@@ -16,14 +16,15 @@ import (
 
 // guestModules are what the guest's init loads: the virtio-mmio bus, block
 // devices (layers, the writable disk, the config drive), the serial port
-// of the agent link, vsock, and the filesystems of the root. ext4 is built
-// into Debian's cloud kernel; were it a module it would be loaded too.
-var guestModules = []string{"virtio_mmio", "virtio_blk", "virtio_console", "erofs", "overlay"}
+// of the agent link, the balloon (free page reporting: memory the guest
+// frees goes back to the host), and the filesystems of the root. ext4 is
+// built into Debian's cloud kernel; were it a module it would be loaded too.
+var guestModules = []string{"virtio_mmio", "virtio_blk", "virtio_console", "virtio_balloon", "erofs", "overlay"}
 
 var vsockModules = []string{"vmw_vsock_virtio_transport"}
 
 // initramfsFormat changes whenever what Build puts in the archive changes.
-const initramfsFormat = "1"
+const initramfsFormat = "2"
 
 // buildInitramfs builds (once per agent binary and kernel) the initramfs
 // every microVM of this node boots, into dir, and returns its path.
