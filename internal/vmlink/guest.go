@@ -24,12 +24,14 @@ type Listener struct {
 	conns chan net.Conn
 	done  chan struct{}
 	once  sync.Once
+	// stopped is closed when the loop has let go of the port.
+	stopped chan struct{}
 }
 
 // Listen serves sessions on the port open at fd (blocking mode: the
 // listener reads and writes it with plain system calls).
 func Listen(fd int, log *slog.Logger) *Listener {
-	l := &Listener{fd: fd, log: log, conns: make(chan net.Conn), done: make(chan struct{})}
+	l := &Listener{fd: fd, log: log, conns: make(chan net.Conn), done: make(chan struct{}), stopped: make(chan struct{})}
 	go l.loop()
 	return l
 }
@@ -69,6 +71,7 @@ func (l *Listener) closed() bool {
 }
 
 func (l *Listener) loop() {
+	defer close(l.stopped)
 	for !l.closed() {
 		rest, nonce, err := l.waitHello()
 		if err != nil {
