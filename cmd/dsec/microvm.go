@@ -42,7 +42,7 @@ func (m *microvmFlags) kernelDir() string {
 
 // backend builds the microvm backend, or returns nil if it is off (or, in
 // auto mode, if QEMU or the guest kernel is missing).
-func (m *microvmFlags) backend(ctx context.Context, root, agent string, maxFile int64, log *slog.Logger) (*microvm.Backend, error) {
+func (m *microvmFlags) backend(ctx context.Context, root, agent, cgroupParent string, maxFile int64, log *slog.Logger) (*microvm.Backend, error) {
 	switch m.mode {
 	case "off":
 		return nil, nil
@@ -71,7 +71,7 @@ func (m *microvmFlags) backend(ctx context.Context, root, agent string, maxFile 
 	_, vsockErr := os.Stat("/dev/vhost-vsock")
 	b, err := microvm.New(microvm.Config{
 		Root: root, VMM: vmm, Kernel: k, AgentPath: agent, MaxFileBytes: maxFile,
-		Vsock: vsockErr == nil, Logger: log,
+		CgroupParent: cgroupParent, Vsock: vsockErr == nil, Logger: log,
 	})
 	if err != nil {
 		return nil, err

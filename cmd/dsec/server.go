@@ -95,7 +95,7 @@ func (n *nodeFlags) startEdge(ctx context.Context, dataDir string, layers edge.L
 		return nil, nil, err
 	}
 	backends := []backend.Backend{cb}
-	mb, err := n.microvm.backend(ctx, filepath.Join(dataDir, "microvm"), agent, n.maxFileBytes, log)
+	mb, err := n.microvm.backend(ctx, filepath.Join(dataDir, "microvm"), agent, n.cgroupParent, n.maxFileBytes, log)
 	if err != nil {
 		return nil, nil, err
 	}

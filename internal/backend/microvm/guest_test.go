@@ -62,8 +62,26 @@ func TestGuest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := newBackend(t, t.TempDir(), vmlink.ClientConfig{})
-	_, ag := bootOne(t, b, api.Resources{CPU: 1.5, MemoryMB: 192, DiskMB: 256})
+	root := t.TempDir()
+	b := newBackend(t, root, vmlink.ClientConfig{})
+	id, ag := bootOne(t, b, api.Resources{CPU: 1.5, MemoryMB: 192, DiskMB: 256})
+	t.Run("the VMM's CPU time is capped at the CPU share", func(t *testing.T) {
+		dirs := cgroupDirs(cgroupParent(root))
+		if len(dirs) == 0 {
+			t.Fatal("no cgroup parent")
+		}
+		var quota string
+		for _, d := range dirs {
+			if b, err := os.ReadFile(filepath.Join(d, id, "cpu.cfs_quota_us")); err == nil {
+				quota = strings.TrimSpace(string(b))
+			} else if b, err := os.ReadFile(filepath.Join(d, id, "cpu.max")); err == nil {
+				quota, _, _ = strings.Cut(strings.TrimSpace(string(b)), " ")
+			}
+		}
+		if quota != "150000" {
+			t.Fatalf("cpu quota of the VM's cgroup: %q, want 150000", quota)
+		}
+	})
 	var host syscall.Utsname
 	syscall.Uname(&host)
 	tests := []struct {

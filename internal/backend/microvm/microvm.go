@@ -65,6 +65,10 @@ type Config struct {
 	Vsock bool
 	// MaxFileBytes bounds files read or written through the agent.
 	MaxFileBytes int64
+	// CgroupParent is the cgroup under which each VM's process gets a
+	// cgroup capping its CPU time at the sandbox's CPU share; "" leaves
+	// VMs uncapped.
+	CgroupParent string
 	// BootTimeout bounds a boot, from starting the VMM to the agent's
 	// answer; 2 minutes by default (TCG on a loaded host is slow).
 	BootTimeout time.Duration
@@ -79,6 +83,7 @@ type Backend struct {
 	cfg    Config
 	initrd string
 	log    *slog.Logger
+	cg     *cpuCgroups // nil: no CPU caps
 
 	mu  sync.Mutex
 	vms map[string]*vm
@@ -116,12 +121,18 @@ func New(cfg Config) (*Backend, error) {
 	if err != nil {
 		return nil, fmt.Errorf("microvm backend: initramfs: %w", err)
 	}
-	return &Backend{
+	b := &Backend{
 		cfg:    cfg,
 		initrd: initrd,
 		log:    cfg.Logger.With("backend", api.BackendMicroVM),
 		vms:    map[string]*vm{},
-	}, nil
+	}
+	if cfg.CgroupParent != "" {
+		if b.cg, err = findCPUCgroups(); err != nil {
+			b.log.Warn("the CPU time of microVMs is not capped", "err", err)
+		}
+	}
+	return b, nil
 }
 
 // Name implements backend.Backend.
@@ -249,6 +260,14 @@ func (b *Backend) boot(ctx context.Context, v *vm, freshDisk bool) (err error) {
 	if err := b.waitAgent(ctx, v); err != nil {
 		return err
 	}
+	// The cap applies once the guest has booted, as the container
+	// backend's quota applies once the container has started: a boot at
+	// a fraction of a core would only be slower.
+	if b.cg != nil && v.Spec.Resources.CPU > 0 {
+		if err := b.cg.place(b.cfg.CgroupParent, id, p.Pid, v.Spec.Resources.CPU); err != nil {
+			return fmt.Errorf("boot sandbox %s: %w", id, err)
+		}
+	}
 	if err := b.cfg.VMM.Booted(ctx, &v.Machine, p); err != nil {
 		b.log.Warn("after boot", "sandbox", id, "err", err)
 	}
@@ -330,6 +349,9 @@ func (b *Backend) teardown(ctx context.Context, id string, v *vm) error {
 			errs = append(errs, err)
 		}
 	}
+	if err := b.removeCgroup(id); err != nil {
+		errs = append(errs, err)
+	}
 	if len(errs) == 0 {
 		if err := os.RemoveAll(dir); err != nil {
 			errs = append(errs, err)
@@ -358,6 +380,13 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	return nil
 }
 
+func (b *Backend) removeCgroup(id string) error {
+	if b.cg == nil {
+		return nil
+	}
+	return b.cg.remove(b.cfg.CgroupParent, id)
+}
+
 func (b *Backend) get(id string) (*vm, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -378,6 +407,9 @@ func (b *Backend) Reset(ctx context.Context, id string) error {
 	}
 	v.link.close()
 	if err := b.cfg.VMM.Stop(ctx, &v.Machine, v.Process); err != nil {
+		return fmt.Errorf("reset sandbox %s: %w", id, err)
+	}
+	if err := b.removeCgroup(id); err != nil {
 		return fmt.Errorf("reset sandbox %s: %w", id, err)
 	}
 	if err := b.boot(ctx, v, true); err != nil {

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"testing"
 
 	"github.com/dsec-project/dsec/api"
@@ -45,6 +46,7 @@ func newBackend(t *testing.T, root string, link vmlink.ClientConfig) *microvm.Ba
 	}
 	b, err := microvm.New(microvm.Config{
 		Root: root, VMM: vmm, Kernel: k, AgentPath: filepath.Join(testutil.Binaries(t), "dsec-agent"), Link: link,
+		CgroupParent: cgroupParent(root),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -60,8 +62,36 @@ func newBackend(t *testing.T, root string, link vmlink.ClientConfig) *microvm.Ba
 		if leaks := microvm.Leaks(root); len(leaks) > 0 {
 			t.Errorf("left behind: %v", leaks)
 		}
+		// The parent is left for the hierarchy's owner; a sandbox's cgroup
+		// left in it is a leak.
+		for _, d := range cgroupDirs(cgroupParent(root)) {
+			entries, _ := os.ReadDir(d)
+			for _, e := range entries {
+				if e.IsDir() {
+					t.Errorf("left behind: cgroup %s/%s", d, e.Name())
+					syscall.Rmdir(filepath.Join(d, e.Name()))
+				}
+			}
+			syscall.Rmdir(d)
+		}
 	})
 	return b
+}
+
+// cgroupParent is the tests' own cgroup parent for a backend root.
+func cgroupParent(root string) string {
+	return "dsec-vmtest-" + filepath.Base(filepath.Dir(root)) + "-" + filepath.Base(root)
+}
+
+func cgroupDirs(parent string) []string {
+	var out []string
+	roots, _ := filepath.Glob("/sys/fs/cgroup/*")
+	for _, r := range append(roots, "/sys/fs/cgroup") {
+		if st, err := os.Stat(filepath.Join(r, parent)); err == nil && st.IsDir() {
+			out = append(out, filepath.Join(r, parent))
+		}
+	}
+	return out
 }
 
 func TestConformance(t *testing.T) {

@@ -45,6 +45,7 @@ func (b *Backend) Recover(ctx context.Context) ([]backend.Spec, error) {
 		}
 		v.link = newLink(&v.Machine, b.cfg.Link)
 		if !v.Process.Alive() {
+			b.removeCgroup(id)
 			if _, err := os.Stat(v.Machine.Initrd); err != nil {
 				v.Machine.Initrd = b.initrd // its image is gone: boot the current one
 			}
@@ -150,6 +151,7 @@ func (b *Backend) killOrphans(ctx context.Context, known map[string]bool) {
 			if p, err := ProcessOf(pid); err == nil {
 				b.log.Info("recover: killing orphan VM", "sandbox", id, "pid", pid)
 				p.Kill(ctx)
+				b.removeCgroup(id)
 			}
 		}
 	}
