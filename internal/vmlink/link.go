@@ -39,6 +39,9 @@ type ClientConfig struct {
 	// KeepAlive is how often the host pings the guest; a ping not answered
 	// within Timeout ends the session (a hung guest). Zero: 5 s and 15 s.
 	KeepAlive, Timeout time.Duration
+	// Paused, if set, reports that the guest is stopped on purpose: it is
+	// not pinged then, so requests in flight wait for it to go on.
+	Paused func() bool
 }
 
 // Client greets the guest over conn and returns the multiplexed session.
@@ -68,8 +71,7 @@ func Client(ctx context.Context, conn net.Conn, cfg ClientConfig) (*yamux.Sessio
 	}
 	conn.SetDeadline(time.Time{})
 	yc := yamux.DefaultConfig()
-	yc.EnableKeepAlive = true
-	yc.KeepAliveInterval = cfg.KeepAlive
+	yc.EnableKeepAlive = false // watch pings, minding pauses
 	yc.ConnectionWriteTimeout = cfg.Timeout
 	yc.StreamCloseTimeout = time.Minute
 	yc.LogOutput = io.Discard
@@ -78,7 +80,44 @@ func Client(ctx context.Context, conn net.Conn, cfg ClientConfig) (*yamux.Sessio
 		conn.Close()
 		return nil, fmt.Errorf("vmlink session: %w", err)
 	}
+	go watch(sess, cfg)
 	return sess, nil
+}
+
+// watch pings the guest every cfg.KeepAlive, unless it is paused, and
+// ends the session when a ping is not answered within cfg.Timeout.
+func watch(sess *yamux.Session, cfg ClientConfig) {
+	tick := time.NewTicker(cfg.KeepAlive)
+	defer tick.Stop()
+	for {
+		select {
+		case <-sess.CloseChan():
+			return
+		case <-tick.C:
+		}
+		if cfg.Paused != nil && cfg.Paused() {
+			continue
+		}
+		done := make(chan error, 1)
+		go func() { _, err := sess.Ping(); done <- err }()
+		t := time.NewTimer(cfg.Timeout)
+		select {
+		case err := <-done:
+			t.Stop()
+			if err == nil {
+				continue
+			}
+		case <-t.C:
+			if cfg.Paused != nil && cfg.Paused() {
+				continue // paused while the ping was out
+			}
+		case <-sess.CloseChan():
+			t.Stop()
+			return
+		}
+		sess.Close()
+		return
+	}
 }
 
 // scanFor reads r until it has seen want, and returns the bytes read

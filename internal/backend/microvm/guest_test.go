@@ -137,6 +137,33 @@ func TestGuestFailures(t *testing.T) {
 	}
 	pid, _ := strconv.Atoi(strings.TrimSpace(string(pidData)))
 
+	t.Run("a pause holds requests in flight", func(t *testing.T) {
+		type result struct {
+			res *api.ExecResult
+			err error
+		}
+		done := make(chan result, 1)
+		go func() {
+			res, err := ag.Exec(ctx, &api.ExecRequest{Shell: "sleep 1; echo done"})
+			done <- result{res, err}
+		}()
+		time.Sleep(300 * time.Millisecond)
+		if err := b.Pause(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		if st, err := b.State(ctx, id); err != nil || st != api.StatePaused {
+			t.Fatalf("state: %q %v", st, err)
+		}
+		time.Sleep(5 * time.Second) // longer than the link's ping timeout
+		if err := b.Resume(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		r := <-done
+		if r.err != nil || r.res.Stdout != "done\n" {
+			t.Fatalf("exec across a pause: %+v %v", r.res, r.err)
+		}
+	})
+
 	t.Run("hang", func(t *testing.T) {
 		errc := make(chan error, 1)
 		go func() {

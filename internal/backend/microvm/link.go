@@ -7,6 +7,7 @@ import (
 	"net"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -29,12 +30,19 @@ const agentVsockPort = 1024
 type link struct {
 	m   *Machine
 	cfg vmlink.ClientConfig
+	// paused is set while the VM is paused on purpose: its silence is not
+	// a hang.
+	paused atomic.Bool
 
 	mu   sync.Mutex
 	sess *yamux.Session
 }
 
-func newLink(m *Machine, cfg vmlink.ClientConfig) *link { return &link{m: m, cfg: cfg} }
+func newLink(m *Machine, cfg vmlink.ClientConfig) *link {
+	l := &link{m: m, cfg: cfg}
+	l.cfg.Paused = l.paused.Load
+	return l
+}
 
 // dial opens a connection to the agent.
 func (l *link) dial(ctx context.Context) (net.Conn, error) {

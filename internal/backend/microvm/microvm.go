@@ -406,6 +406,7 @@ func (b *Backend) Reset(ctx context.Context, id string) error {
 		return err
 	}
 	v.link.close()
+	v.link.paused.Store(false)
 	if err := b.cfg.VMM.Stop(ctx, &v.Machine, v.Process); err != nil {
 		return fmt.Errorf("reset sandbox %s: %w", id, err)
 	}
@@ -418,15 +419,20 @@ func (b *Backend) Reset(ctx context.Context, id string) error {
 	return nil
 }
 
-// Pause implements backend.Backend: the vCPUs stop. The link's pings go
-// unanswered meanwhile, so its session ends; the next Dial after Resume
-// greets the guest again.
+// Pause implements backend.Backend: the vCPUs stop. The link stops
+// pinging the guest meanwhile, so requests in flight wait for Resume, as
+// they do in a frozen container.
 func (b *Backend) Pause(ctx context.Context, id string) error {
 	v, err := b.get(id)
 	if err != nil {
 		return err
 	}
-	return b.cfg.VMM.Pause(ctx, &v.Machine, v.Process)
+	v.link.paused.Store(true)
+	if err := b.cfg.VMM.Pause(ctx, &v.Machine, v.Process); err != nil {
+		v.link.paused.Store(false)
+		return err
+	}
+	return nil
 }
 
 // Resume implements backend.Backend.
@@ -435,7 +441,11 @@ func (b *Backend) Resume(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	return b.cfg.VMM.Resume(ctx, &v.Machine, v.Process)
+	if err := b.cfg.VMM.Resume(ctx, &v.Machine, v.Process); err != nil {
+		return err
+	}
+	v.link.paused.Store(false)
+	return nil
 }
 
 // Dial implements backend.Backend.

@@ -4,9 +4,11 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/backend"
@@ -102,4 +104,44 @@ func TestConformance(t *testing.T) {
 		},
 		Resources: api.Resources{CPU: 1, MemoryMB: 256, DiskMB: 512},
 	})
+}
+
+// TestRecoverUnfinishedCreate plays an edge killed while a VM boots: the
+// next edge finds the directory without vm.json and removes it, killing
+// the VMM its pid file names.
+func TestRecoverUnfinishedCreate(t *testing.T) {
+	testutil.Require(t, testutil.MicroVMRequirements...)
+	root := t.TempDir()
+	b1 := newBackend(t, root, vmlink.ClientConfig{})
+	base := backendtest.MinimalLayer(t, t.TempDir())
+	id := "unfinished-" + strconv.Itoa(os.Getpid())
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	created := make(chan error, 1)
+	go func() {
+		created <- b1.Create(ctx, backend.Spec{ID: id, Layers: []backend.Layer{base}, Resources: api.Resources{CPU: 1, MemoryMB: 256, DiskMB: 256}})
+	}()
+	pidFile := filepath.Join(root, "vms", id, microvm.PidFile)
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
+		if _, err := os.Stat(pidFile); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the VMM never started")
+		}
+	}
+	b2 := newBackend(t, root, vmlink.ClientConfig{}) // the edge after a restart
+	specs, err := b2.Recover(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(specs) != 0 {
+		t.Fatalf("recovered an unfinished create: %+v", specs)
+	}
+	if leaks := microvm.Leaks(root); len(leaks) > 0 {
+		t.Fatalf("after recovery: %v", leaks)
+	}
+	if err := <-created; err == nil { // the dead edge's create, for the record
+		t.Fatal("the interrupted create succeeded")
+	}
 }

@@ -20,7 +20,8 @@ import (
 //     a VMM that such a create had started,
 //   - adopts VMs whose VMM process still runs,
 //   - boots again, over their kept writable disk, VMs whose process died,
-//   - kills VMM processes of this backend that have no sandbox directory,
+//   - kills VMM processes of this backend that belong to no sandbox kept
+//     (one a killed create had started before it wrote its pid file),
 //   - removes initramfs images no VM boots from.
 func (b *Backend) Recover(ctx context.Context) ([]backend.Spec, error) {
 	entries, err := os.ReadDir(filepath.Join(b.cfg.Root, "vms"))
@@ -34,7 +35,6 @@ func (b *Backend) Recover(ctx context.Context) ([]backend.Spec, error) {
 	)
 	for _, e := range entries {
 		id := e.Name()
-		known[id] = true
 		v, err := readVM(filepath.Join(b.dir(id), "vm.json"))
 		if err != nil {
 			b.log.Info("recover: removing unfinished sandbox", "sandbox", id, "reason", err)
@@ -56,7 +56,11 @@ func (b *Backend) Recover(ctx context.Context) ([]backend.Spec, error) {
 			}
 			b.log.Info("recover: booted again a sandbox whose VM had stopped", "sandbox", id)
 		}
+		if st, err := b.cfg.VMM.Status(ctx, &v.Machine, v.Process); err == nil && st == StatusPaused {
+			v.link.paused.Store(true)
+		}
 		images[v.Machine.Initrd] = true
+		known[id] = true
 		b.mu.Lock()
 		b.vms[id] = v
 		b.mu.Unlock()
@@ -126,7 +130,7 @@ func cmdlineHas(pid int, arg string) bool {
 }
 
 // killOrphans kills VMM processes whose pid file lies in this backend's
-// vms directory but whose sandbox directory is gone.
+// vms directory but that belong to no sandbox in known.
 func (b *Backend) killOrphans(ctx context.Context, known map[string]bool) {
 	prefix := filepath.Join(b.cfg.Root, "vms") + "/"
 	procs, _ := os.ReadDir("/proc")
