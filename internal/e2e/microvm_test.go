@@ -5,6 +5,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/testutil"
@@ -46,6 +47,28 @@ func TestMicroVM(t *testing.T) {
 		t.Fatalf("uploaded file: %q", out)
 	}
 
+	t.Run("exec streams, times out and caps output over the VM link", func(t *testing.T) {
+		var lines []string
+		res, err := c.ExecStream(ctx, sb.ID, &api.ExecRequest{Shell: "for i in 1 2 3; do echo line $i; sleep 0.2; done"},
+			func(ev api.ExecEvent) error {
+				if ev.Stdout != nil {
+					lines = append(lines, *ev.Stdout)
+				}
+				return nil
+			})
+		if err != nil || res.ExitCode != 0 || strings.Join(lines, "") != "line 1\nline 2\nline 3\n" {
+			t.Fatalf("stream: %+v %v %q", res, err, lines)
+		}
+		res, err = c.Exec(ctx, sb.ID, &api.ExecRequest{Shell: "sleep 30", TimeoutMs: 500})
+		if err != nil || !res.TimedOut {
+			t.Fatalf("timeout: %+v %v", res, err)
+		}
+		res, err = c.Exec(ctx, sb.ID, &api.ExecRequest{Shell: "yes | head -c 1000000", MaxOutputBytes: 1000})
+		if err != nil || !res.Truncated || res.StdoutDropped == 0 || len(res.Stdout) > 1000 {
+			t.Fatalf("output cap: truncated %v, dropped %d, kept %d: %v", res.Truncated, res.StdoutDropped, len(res.Stdout), err)
+		}
+	})
+
 	s.Kill()
 	s.Restart()
 	c = s.Client
@@ -63,8 +86,18 @@ func TestMicroVM(t *testing.T) {
 	if out := sh(t, c, sb.ID, "test -e /kept && echo dirty || echo clean"); out != "clean\n" {
 		t.Fatalf("after reset: %q", out)
 	}
-	if err := c.DeleteSandbox(ctx, sb.ID); err != nil {
+	// The lease ends: the reaper destroys the VM like any sandbox.
+	if _, err := c.Renew(ctx, sb.ID, time.Second); err != nil {
 		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		got, err := c.GetSandbox(ctx, sb.ID)
+		if err == nil && got.State == api.StateDeleted {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after its lease ended: %+v %v", got, err)
+		}
 	}
 	testutil.RequireNoSandboxLeft(t, s)
 }
