@@ -95,8 +95,29 @@ type Backend struct {
 type vm struct {
 	Spec    backend.Spec `json:"spec"`
 	Machine Machine      `json:"machine"`
-	Process Process      `json:"process"`
 	link    *link
+
+	// mu guards Process, which a reset replaces while State or Dial may
+	// read it.
+	mu      sync.Mutex
+	Process Process `json:"process"`
+}
+
+func (v *vm) proc() Process {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.Process
+}
+
+// record is what vm.json holds.
+func (v *vm) record() vmRecord {
+	return vmRecord{Spec: v.Spec, Machine: v.Machine, Process: v.proc()}
+}
+
+type vmRecord struct {
+	Spec    backend.Spec `json:"spec"`
+	Machine Machine      `json:"machine"`
+	Process Process      `json:"process"`
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -250,7 +271,9 @@ func (b *Backend) boot(ctx context.Context, v *vm, freshDisk bool) (err error) {
 	if err != nil {
 		return fmt.Errorf("boot sandbox %s: %w", id, err)
 	}
+	v.mu.Lock()
 	v.Process = p
+	v.mu.Unlock()
 	defer func() {
 		if err != nil {
 			v.link.close()
@@ -271,7 +294,7 @@ func (b *Backend) boot(ctx context.Context, v *vm, freshDisk bool) (err error) {
 	if err := b.cfg.VMM.Booted(ctx, &v.Machine, p); err != nil {
 		b.log.Warn("after boot", "sandbox", id, "err", err)
 	}
-	if err := writeJSON(filepath.Join(dir, "vm.json"), v); err != nil {
+	if err := writeJSON(filepath.Join(dir, "vm.json"), v.record()); err != nil {
 		return fmt.Errorf("boot sandbox %s: %w", id, err)
 	}
 	return nil
@@ -311,7 +334,7 @@ func (b *Backend) waitAgent(ctx context.Context, v *vm) error {
 			return fmt.Errorf("sandbox %s: the guest did not boot within %s: %w%s", v.Spec.ID, b.cfg.BootTimeout,
 				errdefs.ErrUnavailable, consoleTail(v.Machine.Dir))
 		case <-tick.C:
-			if !v.Process.Alive() {
+			if !v.proc().Alive() {
 				cancel()
 				<-done
 				return fmt.Errorf("sandbox %s: the guest stopped while booting: %w%s", v.Spec.ID,
@@ -338,7 +361,7 @@ func (b *Backend) teardown(ctx context.Context, id string, v *vm) error {
 	var errs []error
 	if v != nil {
 		v.link.close()
-		if err := b.cfg.VMM.Stop(ctx, &v.Machine, v.Process); err != nil {
+		if err := b.cfg.VMM.Stop(ctx, &v.Machine, v.proc()); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -407,7 +430,7 @@ func (b *Backend) Reset(ctx context.Context, id string) error {
 	}
 	v.link.close()
 	v.link.paused.Store(false)
-	if err := b.cfg.VMM.Stop(ctx, &v.Machine, v.Process); err != nil {
+	if err := b.cfg.VMM.Stop(ctx, &v.Machine, v.proc()); err != nil {
 		return fmt.Errorf("reset sandbox %s: %w", id, err)
 	}
 	if err := b.removeCgroup(id); err != nil {
@@ -428,7 +451,7 @@ func (b *Backend) Pause(ctx context.Context, id string) error {
 		return err
 	}
 	v.link.paused.Store(true)
-	if err := b.cfg.VMM.Pause(ctx, &v.Machine, v.Process); err != nil {
+	if err := b.cfg.VMM.Pause(ctx, &v.Machine, v.proc()); err != nil {
 		v.link.paused.Store(false)
 		return err
 	}
@@ -441,7 +464,7 @@ func (b *Backend) Resume(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	if err := b.cfg.VMM.Resume(ctx, &v.Machine, v.Process); err != nil {
+	if err := b.cfg.VMM.Resume(ctx, &v.Machine, v.proc()); err != nil {
 		return err
 	}
 	v.link.paused.Store(false)
@@ -465,7 +488,7 @@ func (b *Backend) State(ctx context.Context, id string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	st, err := b.cfg.VMM.Status(ctx, &v.Machine, v.Process)
+	st, err := b.cfg.VMM.Status(ctx, &v.Machine, v.proc())
 	if err != nil {
 		return "", fmt.Errorf("state of sandbox %s: %w", id, err)
 	}

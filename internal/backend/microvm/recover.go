@@ -44,7 +44,7 @@ func (b *Backend) Recover(ctx context.Context) ([]backend.Spec, error) {
 			continue
 		}
 		v.link = newLink(&v.Machine, b.cfg.Link)
-		if !v.Process.Alive() {
+		if !v.proc().Alive() {
 			b.removeCgroup(id)
 			if _, err := os.Stat(v.Machine.Initrd); err != nil {
 				v.Machine.Initrd = b.initrd // its image is gone: boot the current one
@@ -56,7 +56,7 @@ func (b *Backend) Recover(ctx context.Context) ([]backend.Spec, error) {
 			}
 			b.log.Info("recover: booted again a sandbox whose VM had stopped", "sandbox", id)
 		}
-		if st, err := b.cfg.VMM.Status(ctx, &v.Machine, v.Process); err == nil && st == StatusPaused {
+		if st, err := b.cfg.VMM.Status(ctx, &v.Machine, v.proc()); err == nil && st == StatusPaused {
 			v.link.paused.Store(true)
 		}
 		images[v.Machine.Initrd] = true
@@ -89,14 +89,14 @@ func readVM(path string) (*vm, error) {
 	if err != nil {
 		return nil, err
 	}
-	var v vm
-	if err := json.Unmarshal(data, &v); err != nil {
+	var r vmRecord
+	if err := json.Unmarshal(data, &r); err != nil {
 		return nil, fmt.Errorf("decode %s: %w", path, err)
 	}
-	if v.Spec.ID == "" || v.Machine.Dir == "" {
+	if r.Spec.ID == "" || r.Machine.Dir == "" {
 		return nil, errors.New("incomplete sandbox record")
 	}
-	return &v, nil
+	return &vm{Spec: r.Spec, Machine: r.Machine, Process: r.Process}, nil
 }
 
 // vmmFromPidFile finds the VMM process that wrote dir's pid file, if it
