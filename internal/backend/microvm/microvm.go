@@ -120,7 +120,10 @@ type vmRecord struct {
 	Process Process      `json:"process"`
 }
 
-var _ backend.Backend = (*Backend)(nil)
+var (
+	_ backend.Backend = (*Backend)(nil)
+	_ backend.Phaser  = (*Backend)(nil)
+)
 
 // New prepares the backend's directories and the guests' initramfs.
 func New(cfg Config) (*Backend, error) {
@@ -176,6 +179,8 @@ func validate(spec backend.Spec) error {
 		return errdefs.Invalid("a microvm sandbox needs memory_mb >= %d, not %d", MinMemoryMB, spec.Resources.MemoryMB)
 	case spec.Network.Mode != "" && spec.Network.Mode != api.NetworkNone:
 		return errdefs.Invalid("the microvm backend offers network %q only, not %q", api.NetworkNone, spec.Network.Mode)
+	case spec.NeedsNetwork:
+		return errdefs.Invalid("a microvm sandbox has no network interface: no phase of it may use the network")
 	}
 	return nil
 }
@@ -290,6 +295,9 @@ func (b *Backend) boot(ctx context.Context, v *vm, freshDisk bool) (err error) {
 		if err := b.cg.place(b.cfg.CgroupParent, id, p.Pid, v.Spec.Resources.CPU); err != nil {
 			return fmt.Errorf("boot sandbox %s: %w", id, err)
 		}
+	}
+	if err := b.pushFiles(ctx, v); err != nil {
+		return err
 	}
 	if err := b.cfg.VMM.Booted(ctx, &v.Machine, p); err != nil {
 		b.log.Warn("after boot", "sandbox", id, "err", err)

@@ -103,6 +103,7 @@ func TestConformance(t *testing.T) {
 			return newBackend(t, root, vmlink.ClientConfig{})
 		},
 		Resources: api.Resources{CPU: 1, MemoryMB: 256, DiskMB: 512},
+		OwnKernel: true,
 	})
 }
 

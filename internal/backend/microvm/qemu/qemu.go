@@ -120,7 +120,7 @@ func (v *VMM) args(m *microvm.Machine) []string {
 		"-smp", strconv.Itoa(max(1, m.VCPUs)),
 		"-m", strconv.FormatInt(m.MemoryMB, 10),
 		"-kernel", m.Kernel, "-initrd", m.Initrd, "-append", v.cmdline(m.Cmdline),
-		"-chardev", "file,id=console,path="+filepath.Join(m.Dir, microvm.ConsoleLog),
+		"-chardev", "file,id=console,path="+escape(filepath.Join(m.Dir, microvm.ConsoleLog)),
 		"-serial", "chardev:console",
 		"-chardev", "socket,id=qmp,fd=3,server=on,wait=off",
 		"-mon", "chardev=qmp,mode=control",
