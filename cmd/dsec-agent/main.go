@@ -63,7 +63,7 @@ func main() {
 
 // runVM builds the sandbox inside a microVM and serves on its host link.
 func runVM(log *slog.Logger, grace time.Duration) error {
-	cfg, err := guestinit.Boot(log)
+	cfg, freezer, err := guestinit.Boot(log)
 	if err != nil {
 		return err
 	}
@@ -73,6 +73,7 @@ func runVM(log *slog.Logger, grace time.Duration) error {
 	}
 	return serve(log, l, agent.Config{
 		Root: "/", MaxFileBytes: cfg.MaxFileBytes, ShutdownGrace: grace, Version: version, Log: log,
+		Freezer: freezer,
 	})
 }
 

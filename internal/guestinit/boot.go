@@ -31,42 +31,46 @@ const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bi
 
 // Boot turns the initramfs into the sandbox: it must run as PID 1 of a
 // fresh guest. On return the process's root is the sandbox's overlay and
-// its environment the sandbox's.
-func Boot(log *slog.Logger) (Config, error) {
+// its environment the sandbox's; the Freezer reaches its writable disk.
+func Boot(log *slog.Logger) (Config, *Freezer, error) {
 	t0 := time.Now()
 	if err := mountEarly(); err != nil {
-		return Config{}, err
+		return Config{}, nil, err
 	}
 	if err := loadModules(log); err != nil {
-		return Config{}, err
+		return Config{}, nil, err
 	}
 	tMods := time.Since(t0)
 	disks, err := waitDisks(ConfigSerial, 10*time.Second)
 	if err != nil {
-		return Config{}, err
+		return Config{}, nil, err
 	}
 	cfg, err := readConfigDrive(disks[ConfigSerial])
 	if err != nil {
-		return Config{}, err
+		return Config{}, nil, err
 	}
 	want := []string{ConfigSerial, WritableSerial}
 	for i := range cfg.Layers {
 		want = append(want, LayerSerial(i))
 	}
 	if disks, err = waitDisks(strings.Join(want, " "), 10*time.Second); err != nil {
-		return cfg, err
+		return cfg, nil, err
 	}
 	if err := assembleRoot(cfg, disks); err != nil {
-		return cfg, err
+		return cfg, nil, err
+	}
+	freezer, err := openFreezer(rwDir)
+	if err != nil {
+		return cfg, nil, err
 	}
 	if err := switchRoot(); err != nil {
-		return cfg, err
+		return cfg, nil, err
 	}
 	if err := setupSandbox(cfg); err != nil {
-		return cfg, err
+		return cfg, nil, err
 	}
 	log.Info("guest booted", "sandbox", cfg.ID, "layers", cfg.Layers, "modules", tMods, "init", time.Since(t0))
-	return cfg, nil
+	return cfg, freezer, nil
 }
 
 func mountEarly() error {
