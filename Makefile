@@ -5,17 +5,21 @@
 #   make debian-base   with `make run` going: build the public base layer
 #                      debian:12 (Debian bookworm + python3, pip, git) with
 #                      debootstrap and upload it
+#   make guest-kernel   fetch the microVM guest kernel (also done by run and test)
 
 GO      ?= go
 DATA    ?= .dsec
 LISTEN  ?= 127.0.0.1:7070
 # Debian packages dsec needs on a node.
-DEBS    := runc erofs-utils busybox-static fuse3 iproute2 python3 e2fsprogs nftables debootstrap git
+DEBS    := runc erofs-utils busybox-static fuse3 iproute2 python3 e2fsprogs nftables debootstrap git qemu-system-x86
 # Go tools the tests run (a real S3 server), built into bin/.
 VERSITYGW := github.com/versity/versitygw/cmd/versitygw@v1.8.0
+# The microVM guest kernel: Debian's cloud kernel, unpacked (never committed).
+GUEST_KERNEL_PKG ?= linux-image-cloud-amd64
+GUEST_KERNEL     := bin/guest-kernel
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: all build run test deps tools check-go clean debian-base
+.PHONY: all build run test deps tools check-go clean debian-base guest-kernel
 
 all: build
 
@@ -38,10 +42,25 @@ build: check-go
 	CGO_ENABLED=0 $(GO) build -o bin/dsec-agent ./cmd/dsec-agent
 	CGO_ENABLED=0 $(GO) build -o bin/dsec ./cmd/dsec
 
-run: deps build
+# guest-kernel downloads the kernel package the meta-package points at and
+# unpacks its kernel and modules into bin/guest-kernel.
+guest-kernel: $(GUEST_KERNEL)/.done
+
+$(GUEST_KERNEL)/.done:
+	@set -e; pkg=$$(apt-cache depends $(GUEST_KERNEL_PKG) 2>/dev/null | awk '/Depends: linux-image-/ {print $$2; exit}'); \
+	if [ -z "$$pkg" ]; then apt-get update -qq; pkg=$$(apt-cache depends $(GUEST_KERNEL_PKG) | awk '/Depends: linux-image-/ {print $$2; exit}'); fi; \
+	test -n "$$pkg" || { echo "cannot resolve $(GUEST_KERNEL_PKG)"; exit 1; }; \
+	tmp=$$(mktemp -d); chmod 755 $$tmp; trap 'rm -rf $$tmp' EXIT; \
+	echo "fetching guest kernel $$pkg"; \
+	(cd $$tmp && apt-get download -q $$pkg 2>&1 | grep -v unsandboxed || true); \
+	deb=$$(ls $$tmp/*.deb); rm -rf $(GUEST_KERNEL); mkdir -p $(GUEST_KERNEL); \
+	dpkg-deb -x $$deb $$tmp/x; mv $$tmp/x/boot $$tmp/x/lib $(GUEST_KERNEL)/; \
+	echo "$$pkg" > $@
+
+run: deps build guest-kernel
 	./bin/dsec server --data $(DATA) --listen $(LISTEN)
 
-test: deps tools build
+test: deps tools build guest-kernel
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 30m ./...
 

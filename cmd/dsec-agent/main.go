@@ -1,8 +1,11 @@
 // Command dsec-agent is the executor inside a sandbox: PID 1 of its
 // container, serving the agent API (package internal/agent) on a socket
-// the edge hands it as an inherited file descriptor.
+// the edge hands it as an inherited file descriptor; or the init of a
+// microVM, which first builds the sandbox's root (package guestinit) and
+// then serves on the VM's link to the host.
 //
 //	dsec-agent --listen-fd 3            # in a sandbox (runc --preserve-fds 1)
+//	/init                               # as a microVM's init (or --vm-init)
 //	dsec-agent --listen /tmp/a.sock --root /tmp/root   # tests
 package main
 
@@ -16,8 +19,10 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/dsec-project/dsec/internal/agent"
+	"github.com/dsec-project/dsec/internal/guestinit"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -31,9 +36,19 @@ func main() {
 		maxFile  = flag.Int64("max-file-bytes", 100<<20, "largest file read or written through the API")
 		logMax   = flag.Int64("log-max-bytes", 1<<20, "stop logging after this many bytes")
 		grace    = flag.Duration("shutdown-grace", 0, "time between a forwarded signal and SIGKILL (0: the default, 2s)")
+		vmInit   = flag.Bool("vm-init", false, "run as a microVM's init: build the root, serve on the host link (implied as PID 1 named /init)")
 	)
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(agent.NewLogWriter(os.Stderr, *logMax), nil)).With("component", "agent")
+	if *vmInit || (os.Getpid() == 1 && os.Args[0] == "/init") {
+		if err := runVM(log, *grace); err != nil {
+			// Init exiting panics the guest kernel, which stops the VM: the
+			// host sees a failed sandbox.
+			log.Error("dsec-agent (vm init) failed", "err", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(log, *listenFD, *listen, agent.Config{
 		Root:          *root,
 		MaxFileBytes:  *maxFile,
@@ -46,11 +61,31 @@ func main() {
 	}
 }
 
+// runVM builds the sandbox inside a microVM and serves on its host link.
+func runVM(log *slog.Logger, grace time.Duration) error {
+	cfg, freezer, err := guestinit.Boot(log)
+	if err != nil {
+		return err
+	}
+	l, err := guestinit.Listen(cfg, log)
+	if err != nil {
+		return err
+	}
+	return serve(log, l, agent.Config{
+		Root: "/", MaxFileBytes: cfg.MaxFileBytes, ShutdownGrace: grace, Version: version, Log: log,
+		Freezer: freezer,
+	})
+}
+
 func run(log *slog.Logger, fd int, path string, cfg agent.Config) error {
 	l, err := listener(fd, path)
 	if err != nil {
 		return err
 	}
+	return serve(log, l, cfg)
+}
+
+func serve(log *slog.Logger, l net.Listener, cfg agent.Config) error {
 	srv, err := agent.New(cfg)
 	if err != nil {
 		l.Close()

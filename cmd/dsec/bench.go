@@ -13,7 +13,7 @@ import (
 
 func benchCmd(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return errors.New("usage: dsec bench create|fncall|batch|trajectory|image [flags]")
+		return errors.New("usage: dsec bench create|fncall|batch|trajectory|image|microvm [flags]")
 	}
 	sub, args := args[0], args[1:]
 	fs := flag.NewFlagSet("dsec bench "+sub, flag.ContinueOnError)
@@ -76,6 +76,19 @@ func benchCmd(ctx context.Context, args []string) error {
 		return bench.Trajectory(ctx, cfg)
 	case "image":
 		return benchImage(ctx, fs, args)
+	case "microvm":
+		cfg := bench.MicroVMConfig{Out: os.Stdout}
+		fs.StringVar(&cfg.Base, "base", "base:minimal", "base layer, for both backends")
+		fs.IntVar(&cfg.Cycles, "n", 5, "create→first exec→destroy cycles per backend, one at a time")
+		fs.IntVar(&cfg.Idle, "idle", 4, "idle sandboxes per backend kept while memory is measured")
+		fs.Float64Var(&cfg.Resources.CPU, "cpu", 1, "CPU of each sandbox (vCPUs, rounded up, for microVMs)")
+		fs.Int64Var(&cfg.Resources.MemoryMB, "memory-mb", 256, "memory of each sandbox (a microVM's RAM)")
+		fs.Int64Var(&cfg.Resources.DiskMB, "disk-mb", 1024, "writable layer of each sandbox")
+		if _, _, err := parseArgs(fs, args); err != nil {
+			return err
+		}
+		cfg.Client = newClient()
+		return bench.MicroVM(ctx, cfg)
 	}
 	return fmt.Errorf("unknown benchmark %q", sub)
 }

@@ -36,6 +36,7 @@ type nodeFlags struct {
 	net          netFlags
 	debug        bool
 	layers       layerFlags
+	microvm      microvmFlags
 }
 
 func (n *nodeFlags) register(fs *flag.FlagSet) {
@@ -49,6 +50,7 @@ func (n *nodeFlags) register(fs *flag.FlagSet) {
 	n.net.register(fs)
 	fs.BoolVar(&n.debug, "debug", false, "debug logging")
 	n.layers.register(fs)
+	n.microvm.register(fs)
 }
 
 func (n *nodeFlags) logger() *slog.Logger {
@@ -130,7 +132,15 @@ func (n *nodeFlags) startEdge(ctx context.Context, dataDir string, layers edge.L
 	if err != nil {
 		return nil, nil, err
 	}
-	ecfg := edge.Config{NodeID: n.nodeID, Backends: []backend.Backend{cb}, Layers: layers, Logger: log}
+	backends := []backend.Backend{cb}
+	mb, err := n.microvm.backend(ctx, filepath.Join(dataDir, "microvm"), agent, n.cgroupParent, n.maxFileBytes, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	if mb != nil {
+		backends = append(backends, mb)
+	}
+	ecfg := edge.Config{NodeID: n.nodeID, Backends: backends, Layers: layers, Logger: log}
 	if p, ok := layers.(edge.Packer); ok {
 		ecfg.Packer = p
 	}
@@ -138,7 +148,12 @@ func (n *nodeFlags) startEdge(ctx context.Context, dataDir string, layers edge.L
 	if err != nil {
 		return nil, nil, err
 	}
-	return e, func() { cb.Close() }, nil
+	return e, func() {
+		cb.Close()
+		if mb != nil {
+			mb.Close()
+		}
+	}, nil
 }
 
 func serverCmd(ctx context.Context, args []string) error {

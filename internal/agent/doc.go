@@ -22,6 +22,8 @@
 //	GET    /files?path=[&list=1]         raw bytes, or api.FileList
 //	PUT    /files?path=[&mode=0644]      raw body → FileWritten
 //	DELETE /files?path=[&recursive=1]
+//	POST   /fs/freeze?timeout_ms=         freeze the writable disk (microVM only: Config.Freezer)
+//	POST   /fs/thaw
 //
 // The agent must never let a sandboxed process reach its listener (the
 // socket is inherited, never a path inside the sandbox, and never leaks into

@@ -36,6 +36,9 @@ type Config struct {
 	// NoConfine runs commands without Landlock: for tests outside a
 	// sandbox only.
 	NoConfine bool
+	// Freezer, if set, serves POST /fs/freeze and /fs/thaw (a microVM's
+	// writable disk, for snapshots).
+	Freezer Freezer
 }
 
 // Health is the body of GET /healthz.
@@ -126,6 +129,10 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("DELETE /files", s.handleDeleteFile)
 	mux.HandleFunc("GET /policy", s.handleGetPolicy)
 	mux.HandleFunc("PUT /policy", s.handlePutPolicy)
+	if s.cfg.Freezer != nil {
+		mux.HandleFunc("POST /fs/freeze", s.handleFreeze)
+		mux.HandleFunc("POST /fs/thaw", s.handleThaw)
+	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, errdefs.NotFound("route %s %s", r.Method, r.URL.Path))
 	})

@@ -20,6 +20,13 @@ func (s *Server) SandboxLeaks() []string {
 			leaks = append(leaks, "directory "+filepath.Join(sbDir, e.Name()))
 		}
 	}
+	vmDir := filepath.Join(s.DataDir, "edge", "microvm", "vms")
+	if entries, err := os.ReadDir(vmDir); err == nil {
+		for _, e := range entries {
+			leaks = append(leaks, "directory "+filepath.Join(vmDir, e.Name()))
+		}
+	}
+	leaks = append(leaks, vmProcesses(vmDir)...)
 	// The node's blobfs is the node's, not a sandbox's: it stays.
 	blobfsMount := filepath.Join(s.DataDir, "edge", "blobfs", "mnt")
 	if b, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
@@ -51,6 +58,27 @@ func (s *Server) SandboxLeaks() []string {
 		}
 	}
 	return leaks
+}
+
+// vmProcesses lists live processes (VMMs) whose command line names a
+// path under dir.
+func vmProcesses(dir string) []string {
+	var out []string
+	procs, _ := os.ReadDir("/proc")
+	for _, e := range procs {
+		if e.Name()[0] < '0' || e.Name()[0] > '9' {
+			continue
+		}
+		cmd, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err != nil || !strings.Contains(string(cmd), dir+"/") {
+			continue
+		}
+		if st, err := os.ReadFile("/proc/" + e.Name() + "/stat"); err == nil && strings.Contains(string(st), ") Z ") {
+			continue
+		}
+		out = append(out, "process "+e.Name()+" "+strings.ReplaceAll(string(cmd[:min(len(cmd), 160)]), "\x00", " "))
+	}
+	return out
 }
 
 // cgroupDirs are the server's cgroup parent in every hierarchy.

@@ -93,7 +93,7 @@ func StartServer(t testing.TB, extra ...string) *Server {
 	s := &Server{DataDir: data, t: t, CgroupParent: "dsec-test-" + filepath.Base(data)}
 	s.args = append([]string{"server", "--data", data, "--listen", "127.0.0.1:0",
 		"--node-id", "test-node", "--agent", filepath.Join(bin, "dsec-agent"),
-		"--cgroup-parent", s.CgroupParent}, extra...)
+		"--cgroup-parent", s.CgroupParent, "--microvm-kernel", GuestKernelDir()}, extra...)
 	s.start()
 	t.Cleanup(s.cleanup)
 	return s
@@ -213,6 +213,7 @@ func (s *Server) cleanup() {
 			exec.Command("runc", "--root", runcRoot, "delete", "--force", id).Run()
 		}
 	}
+	killVMs(filepath.Join(s.DataDir, "edge", "microvm", "vms"))
 	UnmountAll(s.DataDir)
 	StopBlobfs(filepath.Join(s.DataDir, "edge", "blobfs"))
 	if i := indexOf(s.args, "--net-bridge"); i >= 0 {
