@@ -53,6 +53,9 @@ func Boot(log *slog.Logger) (Config, *Freezer, error) {
 	for i := range cfg.Layers {
 		want = append(want, LayerSerial(i))
 	}
+	for _, i := range cfg.Blobs {
+		want = append(want, BlobSerial(i))
+	}
 	if disks, err = waitDisks(strings.Join(want, " "), 10*time.Second); err != nil {
 		return cfg, nil, err
 	}
@@ -173,7 +176,8 @@ func assembleRoot(cfg Config, disks map[string]string) error {
 	for i := range cfg.Layers {
 		mp := filepath.Join(layerDir, fmt.Sprint(i))
 		os.MkdirAll(mp, 0o755)
-		if err := mount.EROFS(disks[LayerSerial(i)], mp); err != nil {
+		src := mount.Source{Image: disks[LayerSerial(i)], Device: disks[BlobSerial(i)]}
+		if err := mount.EROFSFrom(src, mp); err != nil {
 			return fmt.Errorf("layer %d: %w", i, err)
 		}
 		lowers = append([]string{mp}, lowers...)

@@ -25,14 +25,19 @@ import (
 const (
 	ConfigSerial   = "dsec-config"
 	WritableSerial = "dsec-rw"
-	// LayerSerial(i) names layer i, base first.
+	// LayerSerial(i) names layer i, base first; BlobSerial(i) its data blob.
 	layerSerialPrefix = "dsec-layer-"
+	blobSerialPrefix  = "dsec-blob-"
 	// PortName is the virtio-serial port of the agent link.
 	PortName = "dsec.agent"
 )
 
 // LayerSerial is the virtio serial of layer i (0 is the base).
 func LayerSerial(i int) string { return layerSerialPrefix + strconv.Itoa(i) }
+
+// BlobSerial is the virtio serial of layer i's data blob, for a chunked
+// layer (metadata image + data blob, mounted with EROFS's device=).
+func BlobSerial(i int) string { return blobSerialPrefix + strconv.Itoa(i) }
 
 // Transports between the host and the agent.
 const (
@@ -46,6 +51,8 @@ type Config struct {
 	ID string `json:"id"`
 	// Layers is how many layer drives there are.
 	Layers int `json:"layers"`
+	// Blobs lists the layers (by index) that have a data blob drive.
+	Blobs []int `json:"blobs,omitempty"`
 	// Env is set for the agent and every command it runs.
 	Env map[string]string `json:"env,omitempty"`
 	// Transport is TransportSerial or TransportVsock; VsockPort is the

@@ -43,8 +43,9 @@ const (
 	MinMemoryMB = 128
 	// MaxLayers bounds the layer disks: microvm has 24 virtio-mmio slots,
 	// three of which hold the config drive, the writable disk and the
-	// agent's port.
+	// agent's port. A chunked layer takes two (metadata and data blob).
 	MaxLayers = 16
+	maxLayerDrives = 20
 	// defaultDiskMB sizes the writable disk when the spec leaves it open.
 	defaultDiskMB = 10 << 10
 	// defaultMemoryMB is the RAM when the spec leaves it open.
@@ -167,7 +168,43 @@ func (b *Backend) Accel() string { return b.cfg.VMM.Accel() }
 
 func (b *Backend) dir(id string) string { return filepath.Join(b.cfg.Root, "vms", id) }
 
+// layerDrives counts the drives the layers take.
+func layerDrives(spec backend.Spec) int {
+	return len(spec.Layers) + len(blobIndexes(spec))
+}
+
+// blobIndexes lists the layers that have a data blob.
+func blobIndexes(spec backend.Spec) []int {
+	var out []int
+	for i, l := range spec.Layers {
+		if l.Device != "" {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// layersPresent checks every file of every layer is on the node.
+func layersPresent(spec backend.Spec) error {
+	for _, l := range spec.Layers {
+		for _, p := range []string{l.Path, l.Device} {
+			if p == "" {
+				continue
+			}
+			if _, err := os.Stat(p); err != nil {
+				return fmt.Errorf("layer %s: %w", l.Digest, errdefs.ErrNotFound)
+			}
+		}
+	}
+	return nil
+}
+
 func validate(spec backend.Spec) error {
+	for _, l := range spec.Layers {
+		if l.Dir {
+			return errdefs.Invalid("layer %s is a directory; a microvm sandbox takes EROFS images only", l.Digest)
+		}
+	}
 	switch {
 	case spec.ID == "" || filepath.Base(spec.ID) != spec.ID || strings.ContainsAny(spec.ID, ", "):
 		return errdefs.Invalid("sandbox id %q is not a plain name", spec.ID)
@@ -175,6 +212,9 @@ func validate(spec backend.Spec) error {
 		return errdefs.Invalid("sandbox spec needs at least one layer")
 	case len(spec.Layers) > MaxLayers:
 		return errdefs.Invalid("a microvm sandbox takes at most %d layers, not %d", MaxLayers, len(spec.Layers))
+	case layerDrives(spec) > maxLayerDrives:
+		return errdefs.Invalid("a microvm sandbox takes at most %d layer drives (a chunked layer takes two), not %d",
+			maxLayerDrives, layerDrives(spec))
 	case spec.Resources.MemoryMB != 0 && spec.Resources.MemoryMB < MinMemoryMB:
 		return errdefs.Invalid("a microvm sandbox needs memory_mb >= %d, not %d", MinMemoryMB, spec.Resources.MemoryMB)
 	case spec.Network.Mode != "" && spec.Network.Mode != api.NetworkNone:
@@ -207,6 +247,11 @@ func (b *Backend) machine(spec backend.Spec) Machine {
 	}
 	for i, l := range spec.Layers {
 		m.Drives = append(m.Drives, Drive{Path: l.Path, Serial: guestinit.LayerSerial(i), ReadOnly: true})
+		if l.Device != "" {
+			// The data blob: a file on node disk, or a blobfs file that
+			// fetches chunks as the guest reads them.
+			m.Drives = append(m.Drives, Drive{Path: l.Device, Serial: guestinit.BlobSerial(i), ReadOnly: true})
+		}
 	}
 	if b.cfg.Vsock {
 		m.Transport = guestinit.TransportVsock
@@ -220,10 +265,8 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (err error) {
 	if err := validate(spec); err != nil {
 		return err
 	}
-	for _, l := range spec.Layers {
-		if _, err := os.Stat(l.Path); err != nil {
-			return fmt.Errorf("sandbox %s: layer %s: %w", spec.ID, l.Digest, errdefs.ErrNotFound)
-		}
+	if err := layersPresent(spec); err != nil {
+		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
 	dir := b.dir(spec.ID)
 	if err := os.Mkdir(dir, 0o700); err != nil {
@@ -256,7 +299,7 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (err error) {
 func (b *Backend) boot(ctx context.Context, v *vm, freshDisk bool) (err error) {
 	id, dir := v.Spec.ID, v.Machine.Dir
 	cfg := guestinit.Config{
-		ID: id, Layers: len(v.Spec.Layers), Env: v.Spec.Env,
+		ID: id, Layers: len(v.Spec.Layers), Blobs: blobIndexes(v.Spec), Env: v.Spec.Env,
 		Transport: v.Machine.Transport, VsockPort: agentVsockPort, MaxFileBytes: b.cfg.MaxFileBytes,
 	}
 	if err := guestinit.WriteConfigDrive(filepath.Join(dir, "config.img"), cfg); err != nil {

@@ -73,10 +73,8 @@ func (b *Backend) Recover(ctx context.Context) ([]backend.Spec, error) {
 
 // repair boots a VM whose process is gone, keeping its writable disk.
 func (b *Backend) repair(ctx context.Context, v *vm) error {
-	for _, l := range v.Spec.Layers {
-		if _, err := os.Stat(l.Path); err != nil {
-			return fmt.Errorf("layer %s: %w", l.Digest, err)
-		}
+	if err := layersPresent(v.Spec); err != nil {
+		return err
 	}
 	if _, err := os.Stat(filepath.Join(v.Machine.Dir, "rw.img")); err != nil {
 		return fmt.Errorf("writable disk: %w", err)

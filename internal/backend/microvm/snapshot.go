@@ -98,7 +98,8 @@ func (b *Backend) Snapshot(ctx context.Context, id string, merge int, pack func(
 	for i := len(v.Spec.Layers) - 1; i >= len(v.Spec.Layers)-merge; i-- {
 		mp := filepath.Join(work, "layer-"+strconv.Itoa(i))
 		os.Mkdir(mp, 0o700)
-		if err := mount.EROFS(v.Spec.Layers[i].Path, mp); err != nil {
+		l := v.Spec.Layers[i]
+		if err := mount.EROFSFrom(mount.Source{Image: l.Path, Device: l.Device, DirectIO: l.OnDemand}, mp); err != nil {
 			return fmt.Errorf("snapshot %s: %w", id, err)
 		}
 		mounts = append(mounts, mp)
