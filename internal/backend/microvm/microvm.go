@@ -44,7 +44,7 @@ const (
 	// MaxLayers bounds the layer disks: microvm has 24 virtio-mmio slots,
 	// three of which hold the config drive, the writable disk and the
 	// agent's port. A chunked layer takes two (metadata and data blob).
-	MaxLayers = 16
+	MaxLayers      = 16
 	maxLayerDrives = 20
 	// defaultDiskMB sizes the writable disk when the spec leaves it open.
 	defaultDiskMB = 10 << 10
