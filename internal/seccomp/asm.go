@@ -33,7 +33,9 @@ func (a *asm) label() label {
 
 func (a *asm) mark(l label) { a.labels[l] = len(a.ins) }
 
-func (a *asm) emit(i bpf.Instruction) { a.ins = append(a.ins, item{ins: i, jt: next, jf: next, ja: next}) }
+func (a *asm) emit(i bpf.Instruction) {
+	a.ins = append(a.ins, item{ins: i, jt: next, jf: next, ja: next})
+}
 
 // load loads the 32-bit word at offset off of struct seccomp_data.
 func (a *asm) load(off uint32) { a.emit(bpf.LoadAbsolute{Off: off, Size: 4}) }
