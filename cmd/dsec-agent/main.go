@@ -4,9 +4,16 @@
 // microVM, which first builds the sandbox's root (package guestinit) and
 // then serves on the VM's link to the host.
 //
-//	dsec-agent --listen-fd 3            # in a sandbox (runc --preserve-fds 1)
-//	/init                               # as a microVM's init (or --vm-init)
-//	dsec-agent --listen /tmp/a.sock --root /tmp/root   # tests
+//	dsec-agent --listen-fd 3 --seccomp /.dsec/seccomp   # in a sandbox (runc --preserve-fds 1)
+//	/init                                                # as a microVM's init (or --vm-init)
+//	dsec-agent --listen /tmp/a.sock --root /tmp/root     # tests
+//
+// With --seccomp, before anything else it loads DIR/agent.bpf on all its
+// threads and runs every command under DIR/command.bpf too: the container
+// is started without a seccomp section, so that runc does not compile
+// Docker's profile on every start (the edge compiles both once per node).
+// It can then also reset its sandbox in place (POST /reset), re-executing
+// itself with --state-fd.
 package main
 
 import (
@@ -18,6 +25,8 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -37,8 +46,15 @@ func main() {
 		logMax   = flag.Int64("log-max-bytes", 1<<20, "stop logging after this many bytes")
 		grace    = flag.Duration("shutdown-grace", 0, "time between a forwarded signal and SIGKILL (0: the default, 2s)")
 		vmInit   = flag.Bool("vm-init", false, "run as a microVM's init: build the root, serve on the host link (implied as PID 1 named /init)")
+		filters  = flag.String("seccomp", "", "load `dir`/agent.bpf now and run commands under dir/command.bpf")
+		stateFD  = flag.Int("state-fd", -1, "read the state a resetting agent handed over from this `fd`")
 	)
 	flag.Parse()
+	cfg := agent.Config{Root: *root, MaxFileBytes: *maxFile, ShutdownGrace: *grace, Version: version}
+	if err := confine(&cfg, *filters, *stateFD); err != nil {
+		fmt.Fprintln(os.Stderr, "dsec-agent:", err)
+		os.Exit(1)
+	}
 	log := slog.New(slog.NewTextHandler(agent.NewLogWriter(os.Stderr, *logMax), nil)).With("component", "agent")
 	if *vmInit || (os.Getpid() == 1 && os.Args[0] == "/init") {
 		if err := runVM(log, *grace); err != nil {
@@ -49,13 +65,17 @@ func main() {
 		}
 		return
 	}
-	if err := run(log, *listenFD, *listen, agent.Config{
-		Root:          *root,
-		MaxFileBytes:  *maxFile,
-		ShutdownGrace: *grace,
-		Version:       version,
-		Log:           log,
-	}); err != nil {
+	cfg.Log = log
+	if *filters != "" && *listenFD >= 0 {
+		cfg.Reexec = func(listenFD, stateFD int) error {
+			args := []string{os.Args[0], "--listen-fd", strconv.Itoa(listenFD), "--state-fd", strconv.Itoa(stateFD),
+				"--root", *root, "--max-file-bytes", strconv.FormatInt(*maxFile, 10), "--log-max-bytes", strconv.FormatInt(*logMax, 10),
+				"--shutdown-grace", grace.String(), "--seccomp", *filters}
+			// The same path: /.dsec is a read-only bind the new root has too.
+			return syscall.Exec(os.Args[0], args, os.Environ())
+		}
+	}
+	if err := run(log, *listenFD, *listen, cfg); err != nil {
 		log.Error("dsec-agent failed", "err", err)
 		os.Exit(1)
 	}
@@ -99,6 +119,38 @@ func serve(log *slog.Logger, l net.Listener, cfg agent.Config) error {
 		return fmt.Errorf("serve: %w", err)
 	}
 	log.Info("stopped")
+	return nil
+}
+
+// confine loads the agent's seccomp filter (unless the agent it replaces
+// on a reset already did: filters outlive exec) and the commands' one.
+// It runs before the agent does anything else.
+func confine(cfg *agent.Config, dir string, stateFD int) error {
+	if stateFD >= 0 {
+		c, err := agent.ReadCarried(stateFD)
+		if err != nil {
+			return err
+		}
+		cfg.Carried, cfg.Filtered = c, c.Filtered
+	}
+	if dir == "" {
+		return nil
+	}
+	if !cfg.Filtered {
+		prog, err := os.ReadFile(filepath.Join(dir, "agent.bpf"))
+		if err != nil {
+			return err
+		}
+		if err := agent.LoadSeccomp(prog, true); err != nil {
+			return err
+		}
+		cfg.Filtered = true
+	}
+	prog, err := os.ReadFile(filepath.Join(dir, "command.bpf"))
+	if err != nil {
+		return err
+	}
+	cfg.CommandFilter = prog
 	return nil
 }
 

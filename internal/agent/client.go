@@ -184,3 +184,12 @@ func (c *Client) SetPolicy(ctx context.Context, p *Policy) error {
 	var got Policy
 	return c.call(ctx, http.MethodPut, "/policy", p, &got)
 }
+
+// Processes lists the agent's background processes.
+func (c *Client) Processes(ctx context.Context) ([]api.Process, error) {
+	var l api.ProcessList
+	if err := c.call(ctx, http.MethodGet, "/procs", nil, &l); err != nil {
+		return nil, err
+	}
+	return l.Processes, nil
+}

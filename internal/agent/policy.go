@@ -85,7 +85,7 @@ func (s *Server) forker() forkFunc {
 		s.policyMu.Lock()
 		defer s.policyMu.Unlock()
 		if s.spawner == nil {
-			sp, err := newSpawner(s.cfg.Root, s.files)
+			sp, err := newSpawner(s.cfg.Root, s.files, s.cfg.CommandFilter)
 			if err != nil {
 				return 0, &confineError{err}
 			}
@@ -113,14 +113,28 @@ type spawnRes struct {
 	err error
 }
 
-func newSpawner(root string, rules FileRules) (*spawner, error) {
+// newSpawner starts a spawner thread: it gives up CAP_SYS_ADMIN (which
+// the agent keeps for resets), confines itself with Landlock to rules and,
+// if filter is set, installs the commands' seccomp filter on top of the
+// agent's. Every command inherits all three.
+func newSpawner(root string, rules FileRules, filter []byte) (*spawner, error) {
 	sp := &spawner{reqs: make(chan spawnReq)}
 	ready := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread dies with this goroutine
+		if err := dropAdmin(); err != nil {
+			ready <- err
+			return
+		}
 		if err := restrictThread(root, rules); err != nil {
 			ready <- err
 			return
+		}
+		if filter != nil {
+			if err := LoadSeccomp(filter, false); err != nil {
+				ready <- err
+				return
+			}
 		}
 		ready <- nil
 		for req := range sp.reqs {

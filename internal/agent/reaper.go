@@ -36,6 +36,7 @@ type reaper struct {
 	mu      sync.Mutex
 	live    map[int]*child
 	stopped bool // no new children: the agent is shutting down
+	held    bool // no new children: the agent is resetting
 }
 
 func newReaper() (*reaper, error) {
@@ -87,8 +88,8 @@ func (r *reaper) reap() {
 func (r *reaper) start(argv0 string, argv []string, attr *syscall.ProcAttr, fork forkFunc) (*child, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.stopped {
-		return nil, fmt.Errorf("start %s: agent is shutting down: %w", argv0, errdefs.ErrUnavailable)
+	if r.stopped || r.held {
+		return nil, fmt.Errorf("start %s: agent is shutting down or resetting: %w", argv0, errdefs.ErrUnavailable)
 	}
 	if fork == nil {
 		fork = syscall.ForkExec
@@ -103,6 +104,14 @@ func (r *reaper) start(argv0 string, argv []string, attr *syscall.ProcAttr, fork
 	c := &child{pid: pid, done: make(chan struct{})}
 	r.live[pid] = c
 	return c, nil
+}
+
+// hold refuses new children while on is true. Taking the lock waits for
+// a fork in flight.
+func (r *reaper) hold(on bool) {
+	r.mu.Lock()
+	r.held = on
+	r.mu.Unlock()
 }
 
 // stop refuses new children and returns the ones still running.

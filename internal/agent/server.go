@@ -2,6 +2,8 @@ package agent
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -39,6 +41,17 @@ type Config struct {
 	// Freezer, if set, serves POST /fs/freeze and /fs/thaw (a microVM's
 	// writable disk, for snapshots).
 	Freezer Freezer
+	// CommandFilter is the seccomp program every command runs under, on
+	// top of the agent's own (nil: the agent's alone).
+	CommandFilter []byte
+	// Filtered says the agent's own seccomp filter is loaded.
+	Filtered bool
+	// Carried is the state a previous agent handed over on a reset.
+	Carried *Carried
+	// Reexec replaces the process with a new agent serving on listenFD,
+	// handing it stateFD (see Carried); it returns only on failure. Nil:
+	// this agent cannot reset in place.
+	Reexec func(listenFD, stateFD int) error
 }
 
 // Health is the body of GET /healthz.
@@ -46,6 +59,9 @@ type Health struct {
 	OK      bool   `json:"ok"`
 	Pid     int    `json:"pid"`
 	Version string `json:"version"`
+	// Instance is random per agent process image: it changes when a
+	// reset re-executes the agent.
+	Instance string `json:"instance,omitempty"`
 }
 
 // Server is the agent. There is at most one per process: it is the
@@ -63,6 +79,9 @@ type Server struct {
 	// protected: PID 1 of a sandbox, whose OOM score the edge lowers;
 	// commands get theirs back to 0.
 	protected bool
+
+	lmu      sync.Mutex
+	listener net.Listener // what Serve serves, for a reset's re-exec
 
 	// policyMu guards the current phase's rules and its spawner.
 	policyMu sync.Mutex
@@ -88,6 +107,9 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("open root %s: %w", cfg.Root, err)
 	}
 	s := &Server{cfg: cfg, root: root, procs: newProcTable(), noConfine: cfg.NoConfine}
+	if c := cfg.Carried; c != nil {
+		s.phase, s.files = c.Phase, c.Files
+	}
 	s.protected = os.Getpid() == 1
 	// Fail now rather than on every file request if the kernel or a
 	// seccomp profile lacks openat2.
@@ -110,6 +132,7 @@ func New(cfg Config) (*Server, error) {
 		ReadHeaderTimeout: 30 * time.Second,
 		IdleTimeout:       5 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(cfg.Log.Handler(), slog.LevelWarn),
+		ConnContext:       connContext,
 	}
 	return s, nil
 }
@@ -133,6 +156,7 @@ func (s *Server) routes() http.Handler {
 		mux.HandleFunc("POST /fs/freeze", s.handleFreeze)
 		mux.HandleFunc("POST /fs/thaw", s.handleThaw)
 	}
+	mux.HandleFunc("POST /reset", s.handleReset)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, errdefs.NotFound("route %s %s", r.Method, r.URL.Path))
 	})
@@ -146,7 +170,10 @@ func (s *Server) routes() http.Handler {
 // inherited fd, a path, a vsock) is the caller's business.
 func (s *Server) Serve(l net.Listener) error {
 	s.cfg.Log.Info("serving", "addr", l.Addr().String(), "pid", os.Getpid(), "root", s.cfg.Root)
-	return s.http.Serve(l)
+	s.lmu.Lock()
+	s.listener = l
+	s.lmu.Unlock()
+	return s.http.Serve(fdListener{l})
 }
 
 // Shutdown forwards sig to every process group the agent started and still
@@ -185,8 +212,15 @@ func (s *Server) Close() error {
 }
 
 func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, &Health{OK: true, Pid: os.Getpid(), Version: s.cfg.Version})
+	writeJSON(w, http.StatusOK, &Health{OK: true, Pid: os.Getpid(), Version: s.cfg.Version, Instance: instance})
 }
+
+// instance names this process image (see Health).
+var instance = func() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}()
 
 type loggerKey struct{}
 

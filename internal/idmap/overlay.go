@@ -25,53 +25,69 @@ const secbitNoSetuidFixup = 1 << 2
 // is attached but target. Needs Linux 6.13 or newer (overlay layers given
 // as file descriptors).
 func Overlay(r Range, userns *os.File, lowers []string, upperRoot, target string) error {
+	mfd, release, err := DetachedOverlay(r, userns, lowers, upperRoot)
+	if err != nil {
+		return fmt.Errorf("idmapped overlay on %s: %w", target, err)
+	}
+	defer release()
+	if err := unix.MoveMount(mfd, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("idmapped overlay on %s: move_mount: %w", target, err)
+	}
+	return nil
+}
+
+// DetachedOverlay makes the overlay Overlay mounts, as a detached mount:
+// mfd, attached nowhere, valid until release is called (which dissolves
+// it if it is still detached then).
+func DetachedOverlay(r Range, userns *os.File, lowers []string, upperRoot string) (mfd int, release func(), err error) {
 	var fds []int
 	// Closing a detached mount dissolves it, and that waits for an RCU
 	// grace period (tens of ms on a busy node) per mount: not on the
 	// create path.
-	defer func() {
+	release = func() {
 		go func() {
 			for _, fd := range fds {
 				unix.Close(fd)
 			}
 		}()
+	}
+	defer func() {
+		if err != nil {
+			release()
+		}
 	}()
 	keep := func(fd int) int { fds = append(fds, fd); return fd }
 	var lowerFDs []int
 	for _, l := range lowers {
 		fd, err := idmapped(l, userns)
 		if err != nil {
-			return fmt.Errorf("idmapped overlay on %s: %w", target, err)
+			return -1, nil, err
 		}
 		lowerFDs = append(lowerFDs, keep(fd))
 	}
 	rootFD, err := idmapped(upperRoot, userns)
 	if err != nil {
-		return fmt.Errorf("idmapped overlay on %s: %w", target, err)
+		return -1, nil, err
 	}
 	keep(rootFD)
 	var dirs [2]int
 	for i, name := range []string{"upper", "work"} {
 		fd, err := unix.Openat(rootFD, name, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
 		if err != nil {
-			return fmt.Errorf("idmapped overlay on %s: open %s: %w", target, name, err)
+			return -1, nil, fmt.Errorf("open %s: %w", name, err)
 		}
 		dirs[i] = keep(fd)
 	}
 	fs, err := createOverlay(r, lowerFDs, dirs[0], dirs[1])
 	if err != nil {
-		return fmt.Errorf("idmapped overlay on %s: %w", target, err)
+		return -1, nil, err
 	}
 	keep(fs)
-	mfd, err := unix.Fsmount(fs, unix.FSMOUNT_CLOEXEC, unix.MOUNT_ATTR_NODEV)
+	mfd, err = unix.Fsmount(fs, unix.FSMOUNT_CLOEXEC, unix.MOUNT_ATTR_NODEV)
 	if err != nil {
-		return fmt.Errorf("idmapped overlay on %s: fsmount: %w", target, err)
+		return -1, nil, fmt.Errorf("fsmount: %w", err)
 	}
-	keep(mfd)
-	if err := unix.MoveMount(mfd, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
-		return fmt.Errorf("idmapped overlay on %s: move_mount: %w", target, err)
-	}
-	return nil
+	return keep(mfd), release, nil
 }
 
 // idmapped returns a detached clone of the mount at (or the directory)

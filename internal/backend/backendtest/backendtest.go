@@ -121,6 +121,8 @@ func Run(t *testing.T, f Fixture) {
 
 	t.Run("recycle", func(t *testing.T) { recycle(t, f, spec) })
 
+	t.Run("reset leaves nothing behind", func(t *testing.T) { resetClean(t, f, spec) })
+
 	t.Run("failed create leaves nothing and the id can be reused", func(t *testing.T) {
 		ctx := context.Background()
 		root := t.TempDir()

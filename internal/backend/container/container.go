@@ -166,19 +166,33 @@ func New(cfg Config) (*Backend, error) {
 func (b *Backend) Name() string { return api.BackendContainer }
 
 // makeRuntime lays out the runtime layer: a directory that sits under the
-// base layer and provides the agent binary and the mount points runc
-// needs, so that nothing is ever written into a sandbox's upper dir by
-// dsec itself. It is named by the agent's hash, so sandboxes started with
-// an older agent keep theirs.
+// base layer and provides the agent binary, its seccomp programs and the
+// mount points runc needs, so that nothing is ever written into a
+// sandbox's upper dir by dsec itself. It is named by the hash of the agent
+// and the programs, so sandboxes started with an older agent keep theirs.
+// Inside a sandbox /.dsec is a read-only bind of its .dsec directory, so
+// that no sandbox can replace the agent or its filters with copies in its
+// upper dir.
 func (b *Backend) makeRuntime() (string, error) {
 	f, err := os.Open(b.cfg.AgentPath)
 	if err != nil {
 		return "", fmt.Errorf("agent binary: %w", err)
 	}
 	defer f.Close()
+	agentBPF, commandBPF, err := filters()
+	if err != nil {
+		return "", err
+	}
 	h := sha256.New()
 	if _, err := io.Copy(h, f); err != nil {
 		return "", fmt.Errorf("hash agent binary: %w", err)
+	}
+	h.Write(agentBPF)
+	h.Write(commandBPF)
+	// The sandbox's root (an unprivileged host uid) must reach its .dsec
+	// for runc to bind it.
+	if err := os.Chmod(filepath.Join(b.cfg.Root, "runtime"), 0o711); err != nil {
+		return "", err
 	}
 	dir := filepath.Join(b.cfg.Root, "runtime", hex.EncodeToString(h.Sum(nil))[:16])
 	if _, err := os.Stat(dir); err == nil {
@@ -189,7 +203,7 @@ func (b *Backend) makeRuntime() (string, error) {
 		return "", err
 	}
 	defer os.RemoveAll(tmp)
-	for _, d := range []string{".dsec", "proc", "sys", "dev", "etc", "root", "tmp", "run"} {
+	for _, d := range []string{".dsec/seccomp", "proc", "sys", "dev", "etc", "root", "tmp", "run"} {
 		if err := os.MkdirAll(filepath.Join(tmp, d), 0o755); err != nil {
 			return "", err
 		}
@@ -211,6 +225,11 @@ func (b *Backend) makeRuntime() (string, error) {
 	if err := dst.Close(); err != nil {
 		return "", err
 	}
+	for name, prog := range map[string][]byte{"agent.bpf": agentBPF, "command.bpf": commandBPF} {
+		if err := os.WriteFile(filepath.Join(tmp, ".dsec/seccomp", name), prog, 0o644); err != nil {
+			return "", err
+		}
+	}
 	if err := os.Chmod(tmp, 0o755); err != nil {
 		return "", err
 	}
@@ -222,7 +241,7 @@ func (b *Backend) makeRuntime() (string, error) {
 
 // agentArgs is the agent's command line inside the container.
 func (b *Backend) agentArgs() []string {
-	args := []string{agentPath, "--listen-fd", "3"}
+	args := []string{agentPath, "--listen-fd", "3", "--seccomp", "/.dsec/seccomp"}
 	if b.cfg.MaxFileBytes > 0 {
 		args = append(args, "--max-file-bytes", strconv.FormatInt(b.cfg.MaxFileBytes, 10))
 	}
@@ -332,12 +351,17 @@ func (b *Backend) start(ctx context.Context, rec *record) (err error) {
 	if err := os.MkdirAll(rootfs, 0o755); err != nil {
 		return fmt.Errorf("start sandbox %s: %w", id, err)
 	}
+	if _, err := os.Stat(filepath.Join(rec.Lowers[len(rec.Lowers)-1], ".dsec/seccomp")); err != nil {
+		// A runtime layer from before the agent loaded seccomp itself:
+		// its agent would run without a filter.
+		rec.Lowers[len(rec.Lowers)-1] = b.runtime
+	}
 	tDisk := time.Now()
 	if err := b.mountDisk(ctx, rec); err != nil {
 		return fmt.Errorf("start sandbox %s: %w", id, err)
 	}
 	tRoot := time.Now()
-	if err := b.mountRootfs(rec, rootfs); err != nil {
+	if err := b.mountRootfs(rec, filepath.Join(dir, "disk"), rootfs); err != nil {
 		return fmt.Errorf("start sandbox %s: %w", id, err)
 	}
 	b.log.Debug("mounted", "sandbox", id, "disk", tRoot.Sub(tDisk), "rootfs", time.Since(tRoot))
@@ -346,7 +370,7 @@ func (b *Backend) start(ctx context.Context, rec *record) (err error) {
 			mount.Unmount(rootfs)
 		}
 	}()
-	spec, err := ociSpec(rec.Spec, rec.UIDs, rootfs, "/"+b.cfg.CgroupParent+"/"+id, b.agentArgs())
+	spec, err := ociSpec(rec.Spec, rec.UIDs, rootfs, "/"+b.cfg.CgroupParent+"/"+id, rec.Lowers[len(rec.Lowers)-1], b.agentArgs())
 	if err != nil {
 		return err
 	}
@@ -440,6 +464,7 @@ func (b *Backend) teardown(ctx context.Context, id string, rec *record) error {
 	if err := mount.Unmount(filepath.Join(dir, "disk")); err != nil {
 		errs = append(errs, err)
 	}
+	b.dropNextDisk(id)
 	if rec != nil {
 		b.disconnect(rec)
 		b.release(rec)
@@ -481,36 +506,6 @@ func (b *Backend) get(id string) (*record, error) {
 		return nil, errdefs.NotFound("sandbox %s", id)
 	}
 	return rec, nil
-}
-
-// Reset implements backend.Backend: the container is stopped, its
-// writable layer replaced by an empty one, and a new container started
-// over the same, still-mounted layers.
-func (b *Backend) Reset(ctx context.Context, id string) error {
-	rec, err := b.get(id)
-	if err != nil {
-		return err
-	}
-	dir := b.dir(id)
-	if err := b.runc.delete(ctx, id); err != nil {
-		return fmt.Errorf("reset sandbox %s: %w", id, err)
-	}
-	if err := mount.Unmount(filepath.Join(dir, "rootfs")); err != nil {
-		return fmt.Errorf("reset sandbox %s: %w", id, err)
-	}
-	// A fresh image is O(1) whatever the sandbox wrote, and gives its
-	// blocks back to the node at once.
-	if err := mount.Unmount(filepath.Join(dir, "disk")); err != nil {
-		return fmt.Errorf("reset sandbox %s: %w", id, err)
-	}
-	if err := os.Remove(filepath.Join(dir, "disk.img")); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("reset sandbox %s: %w", id, err)
-	}
-	if err := b.start(ctx, rec); err != nil {
-		return fmt.Errorf("reset sandbox %s: %w", id, err)
-	}
-	// Its cgroup (and so its egress key) is new.
-	return writeJSON(filepath.Join(dir, "sandbox.json"), rec)
 }
 
 // Pause implements backend.Backend.

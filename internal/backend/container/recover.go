@@ -69,6 +69,13 @@ func (b *Backend) Recover(ctx context.Context) ([]backend.Spec, error) {
 		if rec.IP.IsValid() && b.nets.net != nil {
 			b.nets.net.Reserve(id, rec.IP)
 		}
+		if b.resetCutShort(ctx, id) {
+			broken = append(broken, rec)
+			if len(rec.Lowers) > 0 {
+				runtimes[rec.Lowers[len(rec.Lowers)-1]] = true
+			}
+			continue
+		}
 		st, err := b.runc.state(ctx, id)
 		switch {
 		case err == nil && st.Status == "paused":
@@ -237,6 +244,24 @@ func readRecord(path string) (*record, error) {
 		return nil, errors.New("incomplete sandbox record")
 	}
 	return &rec, nil
+}
+
+// resetCutShort finishes, as a restart on an empty writable layer, a
+// reset in place the previous edge did not finish (it left disk.next
+// behind): whether the agent had switched roots or not, the sandbox was
+// being reset.
+func (b *Backend) resetCutShort(ctx context.Context, id string) bool {
+	dir := b.dir(id)
+	if _, err := os.Stat(filepath.Join(dir, "disk.next.img")); err != nil {
+		return false
+	}
+	b.log.Warn("recover: a reset in place was cut short; restarting the sandbox empty", "sandbox", id)
+	b.runc.delete(ctx, id)
+	mount.Unmount(filepath.Join(dir, "rootfs"))
+	mount.Unmount(filepath.Join(dir, "disk"))
+	b.dropNextDisk(id)
+	os.Remove(filepath.Join(dir, "disk.img"))
+	return true
 }
 
 // removeTrash deletes upper dirs left by resets that were interrupted.

@@ -1,11 +1,10 @@
 package container
 
 import (
-	"fmt"
 	"maps"
+	"path/filepath"
 	"slices"
 
-	"github.com/moby/profiles/seccomp"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/dsec-project/dsec/api"
@@ -45,8 +44,11 @@ const ociVersion = "1.0.2"
 
 const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-// ociSpec is the runtime spec of a sandbox's container.
-func ociSpec(sb backend.Spec, ids idmap.Range, rootfs, cgroupsPath string, args []string) (*specs.Spec, error) {
+// ociSpec is the runtime spec of a sandbox's container. It has no seccomp
+// section: the agent (args) loads the node's precompiled filters itself
+// before it serves anything (see filters), from runtime's .dsec, which is
+// bound read-only at /.dsec.
+func ociSpec(sb backend.Spec, ids idmap.Range, rootfs, cgroupsPath, runtime string, args []string) (*specs.Spec, error) {
 	env := map[string]string{"PATH": defaultPath, "HOME": "/root", "TERM": "xterm", "DSEC_SANDBOX_ID": sb.ID}
 	maps.Copy(env, sb.Env)
 	envList := make([]string, 0, len(env))
@@ -64,9 +66,9 @@ func ociSpec(sb backend.Spec, ids idmap.Range, rootfs, cgroupsPath string, args 
 			Cwd:  "/",
 			User: specs.User{UID: 0, GID: 0},
 			Capabilities: &specs.LinuxCapabilities{
-				Bounding:  defaultCaps,
-				Effective: defaultCaps,
-				Permitted: defaultCaps,
+				Bounding:  agentCaps,
+				Effective: agentCaps,
+				Permitted: agentCaps,
 			},
 			NoNewPrivileges: true,
 			// No Rlimits: raising them is not permitted on every host, and
@@ -80,6 +82,7 @@ func ociSpec(sb backend.Spec, ids idmap.Range, rootfs, cgroupsPath string, args 
 			{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
 			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
 			{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev", "relatime", "ro"}},
+			{Destination: "/.dsec", Type: "bind", Source: filepath.Join(runtime, ".dsec"), Options: []string{"rbind", "ro", "nosuid", "nodev"}},
 		},
 		Linux: &specs.Linux{
 			CgroupsPath: cgroupsPath,
@@ -96,11 +99,6 @@ func ociSpec(sb backend.Spec, ids idmap.Range, rootfs, cgroupsPath string, args 
 			ReadonlyPaths: readonlyPaths,
 		},
 	}
-	sc, err := seccomp.GetDefaultProfile(s)
-	if err != nil {
-		return nil, fmt.Errorf("seccomp profile: %w", err)
-	}
-	s.Linux.Seccomp = sc
 	return s, nil
 }
 

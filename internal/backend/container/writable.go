@@ -66,15 +66,16 @@ func (b *Backend) mountDisk(ctx context.Context, rec *record) error {
 	return nil
 }
 
-// mountRootfs mounts the sandbox's overlay at rootfs, every layer idmapped
-// to the sandbox's id range.
-func (b *Backend) mountRootfs(rec *record, rootfs string) error {
+// mountRootfs mounts the sandbox's overlay at rootfs over the writable
+// layer mounted at upperRoot, every layer idmapped to the sandbox's id
+// range.
+func (b *Backend) mountRootfs(rec *record, upperRoot, rootfs string) error {
 	ns, err := idmap.UserNS(rec.UIDs)
 	if err != nil {
 		return err
 	}
 	defer ns.Close()
-	return idmap.Overlay(rec.UIDs, ns, rec.Lowers, filepath.Join(b.dir(rec.Spec.ID), "disk"), rootfs)
+	return idmap.Overlay(rec.UIDs, ns, rec.Lowers, upperRoot, rootfs)
 }
 
 // allocUIDs reserves a free id range for sandbox id.

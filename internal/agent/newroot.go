@@ -1,0 +1,233 @@
+package agent
+
+import (
+	"bufio"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// devNodes are the device files runc binds into a user-namespaced
+// container's /dev from the host; a reset binds them again from the old
+// /dev into the new one.
+var devNodes = []string{"null", "zero", "full", "random", "urandom", "tty"}
+
+// devLinks are runc's /dev symbolic links.
+var devLinks = [][2]string{
+	{"/proc/self/fd", "fd"}, {"/proc/self/fd/0", "stdin"}, {"/proc/self/fd/1", "stdout"},
+	{"/proc/self/fd/2", "stderr"}, {"pts/ptmx", "ptmx"},
+}
+
+// switchRoot makes the detached mount mfd the root of the calling thread's
+// mount namespace (and so of every process in it), with the calling
+// thread in a new IPC namespace. The caller is the only process left and
+// its thread is locked: the IPC namespace is the thread's own until it
+// re-executes the agent.
+func switchRoot(mfd int) error {
+	if err := unix.Unshare(unix.CLONE_NEWIPC); err != nil {
+		return fmt.Errorf("new ipc namespace: %w", err)
+	}
+	var suffix [8]byte
+	rand.Read(suffix[:])
+	// The stage lives on the old /dev, which goes with the old root.
+	stage := "/dev/.dsec-root-" + hex.EncodeToString(suffix[:])
+	if err := unix.Mkdir(stage, 0o700); err != nil {
+		return fmt.Errorf("stage: %w", err)
+	}
+	if err := unix.MoveMount(mfd, "", unix.AT_FDCWD, stage, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("attach new root: %w", err)
+	}
+	if err := freshDev(stage); err != nil {
+		return err
+	}
+	if err := moveMounts(stage); err != nil {
+		return err
+	}
+	if err := unix.Chdir(stage); err != nil {
+		return fmt.Errorf("pivot: %w", err)
+	}
+	// pivot_root(".", ".") stacks the old root on the new one; detaching
+	// it then leaves the new root alone.
+	if err := unix.PivotRoot(".", "."); err != nil {
+		return fmt.Errorf("pivot_root: %w", err)
+	}
+	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("detach old root: %w", err)
+	}
+	if err := unix.Chdir("/"); err != nil {
+		return fmt.Errorf("pivot: %w", err)
+	}
+	return nil
+}
+
+// freshDev mounts a new /dev in root as runc makes one (see the container
+// backend's OCI spec): tmpfs, the host's device nodes bound from the old
+// /dev, runc's links, a new devpts instance, an empty /dev/shm and the new
+// IPC namespace's mqueue.
+func freshDev(root string) error {
+	dev := filepath.Join(root, "dev")
+	if err := mount("tmpfs", dev, "tmpfs", unix.MS_NOSUID|unix.MS_STRICTATIME, "mode=755,size=65536k"); err != nil {
+		return err
+	}
+	for _, n := range devNodes {
+		var st unix.Stat_t
+		if err := unix.Lstat("/dev/"+n, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFCHR {
+			continue // runc did not make it either
+		}
+		fd, err := unix.Open(filepath.Join(dev, n), unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_CLOEXEC, 0o666)
+		if err != nil {
+			return fmt.Errorf("new /dev: %w", err)
+		}
+		unix.Close(fd)
+		if err := mount("/dev/"+n, filepath.Join(dev, n), "", unix.MS_BIND, ""); err != nil {
+			return err
+		}
+	}
+	for _, l := range devLinks {
+		if err := unix.Symlink(l[0], filepath.Join(dev, l[1])); err != nil {
+			return fmt.Errorf("new /dev: %w", err)
+		}
+	}
+	if _, err := os.Lstat("/proc/kcore"); err == nil { // as runc decides
+		if err := unix.Symlink("/proc/kcore", filepath.Join(dev, "core")); err != nil {
+			return fmt.Errorf("new /dev: %w", err)
+		}
+	}
+	for _, m := range []struct {
+		dir, src, fstype string
+		flags            uintptr
+		data             string
+	}{
+		{"pts", "devpts", "devpts", unix.MS_NOSUID | unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620,gid=5"},
+		{"shm", "shm", "tmpfs", unix.MS_NOSUID | unix.MS_NOEXEC | unix.MS_NODEV, "mode=1777,size=65536k"},
+		{"mqueue", "mqueue", "mqueue", unix.MS_NOSUID | unix.MS_NOEXEC | unix.MS_NODEV, ""},
+	} {
+		p := filepath.Join(dev, m.dir)
+		if err := unix.Mkdir(p, 0o755); err != nil {
+			return fmt.Errorf("new /dev: %w", err)
+		}
+		if err := mount(m.src, p, m.fstype, m.flags, m.data); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// moveMounts moves every mount attached directly on the old root — /proc,
+// /sys, the runtime directory, resolv.conf, each with the mounts beneath
+// it (runc's masked and read-only paths) — to the same place under root;
+// /dev is made fresh instead.
+func moveMounts(root string) error {
+	mounts, err := topMounts()
+	if err != nil {
+		return err
+	}
+	for _, mp := range mounts {
+		if mp == "/dev" || strings.HasPrefix(mp, "/dev/") {
+			continue
+		}
+		dst := filepath.Join(root, mp)
+		var st unix.Stat_t
+		if err := unix.Stat(mp, &st); err != nil {
+			return fmt.Errorf("move %s: %w", mp, err)
+		}
+		if err := mountpoint(dst, st.Mode&unix.S_IFMT == unix.S_IFDIR); err != nil {
+			return fmt.Errorf("move %s: %w", mp, err)
+		}
+		if err := mount(mp, dst, "", unix.MS_MOVE, ""); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// mountpoint makes sure path exists, as a directory or an empty file. It
+// never follows a symbolic link out of the new root: the new root is
+// fresh, and nothing else runs.
+func mountpoint(path string, dir bool) error {
+	if _, err := os.Lstat(path); err == nil {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	if dir {
+		return unix.Mkdir(path, 0o755)
+	}
+	fd, err := unix.Open(path, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o644)
+	if err != nil {
+		return err
+	}
+	return unix.Close(fd)
+}
+
+// topMounts lists the mount points attached directly on the root mount,
+// in mount order.
+func topMounts() ([]string, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	type m struct{ id, parent, point string }
+	var all []m
+	rootID := ""
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 5 {
+			continue
+		}
+		point := unescape(fields[4])
+		all = append(all, m{fields[0], fields[1], point})
+		if point == "/" {
+			rootID = fields[0] // the last one mounted on / is the root
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	if rootID == "" {
+		return nil, errors.New("mountinfo: no root mount")
+	}
+	var out []string
+	for _, x := range all {
+		if x.parent == rootID && x.point != "/" {
+			out = append(out, x.point)
+		}
+	}
+	return out, nil
+}
+
+// unescape decodes mountinfo's octal escapes (\040 for a space).
+func unescape(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+func mount(src, target, fstype string, flags uintptr, data string) error {
+	if err := unix.Mount(src, target, fstype, flags, data); err != nil {
+		return fmt.Errorf("mount %s on %s: %w", src, target, err)
+	}
+	return nil
+}

@@ -1,0 +1,236 @@
+package agent
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"runtime"
+	"strconv"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/dsec-project/dsec/internal/errdefs"
+)
+
+// ResetResult is the answer to POST /reset, sent just before the agent
+// replaces itself.
+type ResetResult struct {
+	Killed     int   `json:"killed"`
+	DurationMs int64 `json:"duration_ms"`
+	// Instance is the answering agent's (see Health): the new one's
+	// differs.
+	Instance string `json:"instance"`
+}
+
+// Carried is what an agent hands the agent it re-executes as on a reset:
+// the rules in force, and whether its own seccomp filter is loaded
+// (filters outlive exec; loading it again would only stack a copy).
+type Carried struct {
+	Phase    string    `json:"phase,omitempty"`
+	Files    FileRules `json:"files"`
+	Filtered bool      `json:"filtered"`
+}
+
+// killWait bounds how long a reset waits for the sandbox's processes to
+// die after SIGKILL (a process in uninterruptible sleep).
+const killWait = 5 * time.Second
+
+// handleReset resets the sandbox in place, as PID 1 of its container. The
+// request carries (SCM_RIGHTS) a detached mount of the sandbox's new root
+// file system — a fresh overlay the edge built, idmapped like the first —
+// and the agent:
+//  1. refuses new commands and kills every other process of its PID
+//     namespace, waiting until none is left;
+//  2. on one locked thread: enters a new IPC namespace (no SysV object or
+//     POSIX queue survives), attaches the new root, mounts a fresh /dev
+//     (tmpfs, the same device nodes, new devpts, /dev/shm and mqueue),
+//     moves /proc, /sys and its other mounts (with their masked and
+//     read-only submounts) over, and pivots, dropping the old root;
+//  3. answers, then re-executes itself from that thread: a new agent with
+//     nothing of the old one's memory (background processes, output
+//     buffers, connections), on the same listening socket, in the new IPC
+//     namespace, under the same phase rules.
+//
+// A failure before step 2 leaves the sandbox as it was but without its
+// processes; a failure in step 2 leaves it unusable: the edge then
+// restarts the container.
+func (s *Server) handleReset(w http.ResponseWriter, r *http.Request) {
+	fds := receivedFDs(r)
+	if s.cfg.Reexec == nil || os.Getpid() != 1 {
+		closeFDs(fds)
+		s.writeError(w, r, errdefs.Invalid("reset in place needs the agent to be PID 1 of a container"))
+		return
+	}
+	if len(fds) != 1 {
+		closeFDs(fds)
+		s.writeError(w, r, errdefs.Invalid("reset needs the new root file system as one file descriptor, got %d", len(fds)))
+		return
+	}
+	root, log, t0 := fds[0], logger(r), time.Now()
+	s.reaper.hold(true) // waits for a fork in flight
+	s.policyMu.Lock()
+	if s.spawner != nil {
+		s.spawner.stop()
+		s.spawner = nil
+	}
+	carried := Carried{Phase: s.phase, Files: s.files, Filtered: s.cfg.Filtered}
+	s.policyMu.Unlock()
+	killed, err := killAll(killWait)
+	if err != nil {
+		unix.Close(root)
+		s.reaper.hold(false)
+		s.writeError(w, r, fmt.Errorf("reset: %w: %w", err, errdefs.ErrUnavailable))
+		return
+	}
+	state, err := carryState(carried)
+	if err != nil {
+		unix.Close(root)
+		s.reaper.hold(false)
+		s.writeError(w, r, fmt.Errorf("reset: %w", err))
+		return
+	}
+	lfd, err := s.inheritableListener()
+	if err != nil {
+		unix.Close(root)
+		unix.Close(state)
+		s.reaper.hold(false)
+		s.writeError(w, r, fmt.Errorf("reset: %w", err))
+		return
+	}
+	switched := make(chan error, 1)
+	proceed := make(chan struct{})
+	go func() {
+		runtime.LockOSThread() // never unlocked: this thread becomes the new agent
+		err := switchRoot(root)
+		unix.Close(root)
+		switched <- err
+		if err != nil {
+			return
+		}
+		<-proceed
+		err = s.cfg.Reexec(lfd, state)
+		log.Error("reset: re-exec failed; the sandbox cannot go on", "err", err)
+		os.Exit(1)
+	}()
+	if err := <-switched; err != nil {
+		// New commands stay refused: only a new container repairs this.
+		s.writeError(w, r, fmt.Errorf("reset: %w", err))
+		return
+	}
+	log.Info("reset", "killed", killed, "duration", time.Since(t0))
+	// A complete response (a length, not chunks) before exec cuts the
+	// connection.
+	body, _ := json.Marshal(&ResetResult{Killed: killed, DurationMs: time.Since(t0).Milliseconds(), Instance: instance})
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(body)
+	_ = http.NewResponseController(w).Flush()
+	close(proceed)
+	select {} // the re-exec ends this process image
+}
+
+// killAll kills every process of the PID namespace but the caller (PID 1:
+// kill(-1) spares it) and waits until they are gone, reaped by the
+// reaper. It returns how many there were at most.
+func killAll(timeout time.Duration) (int, error) {
+	deadline := time.Now().Add(timeout)
+	most := 0
+	for {
+		n, err := otherProcesses()
+		if err != nil {
+			return most, err
+		}
+		if n == 0 {
+			return most, nil
+		}
+		most = max(most, n)
+		if err := unix.Kill(-1, unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
+			return most, fmt.Errorf("kill: %w", err)
+		}
+		if time.Now().After(deadline) {
+			return most, fmt.Errorf("%d processes still alive %s after SIGKILL", n, timeout)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// otherProcesses counts the processes /proc shows besides this one.
+func otherProcesses() (int, error) {
+	f, err := os.Open("/proc")
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	names, err := f.Readdirnames(-1)
+	if err != nil {
+		return 0, err
+	}
+	self, n := os.Getpid(), 0
+	for _, name := range names {
+		if pid, err := strconv.Atoi(name); err == nil && pid != self {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// carryState writes c into a memory file the next agent inherits.
+func carryState(c Carried) (int, error) {
+	b, err := json.Marshal(&c)
+	if err != nil {
+		return -1, err
+	}
+	fd, err := unix.MemfdCreate("dsec-agent-state", 0) // inherited across exec
+	if err != nil {
+		return -1, fmt.Errorf("state: %w", err)
+	}
+	if _, err := unix.Pwrite(fd, b, 0); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("state: %w", err)
+	}
+	return fd, nil
+}
+
+// ReadCarried reads and closes the state an agent inherited on a reset.
+func ReadCarried(fd int) (*Carried, error) {
+	f := os.NewFile(uintptr(fd), "state")
+	defer f.Close()
+	var c Carried
+	if err := json.NewDecoder(f).Decode(&c); err != nil {
+		return nil, fmt.Errorf("read carried state: %w", err)
+	}
+	return &c, nil
+}
+
+// inheritableListener returns a descriptor of the listening socket that
+// survives exec.
+func (s *Server) inheritableListener() (int, error) {
+	s.lmu.Lock()
+	l := s.listener
+	s.lmu.Unlock()
+	ul, ok := l.(*net.UnixListener)
+	if !ok {
+		return -1, errors.New("the agent does not listen on a unix socket")
+	}
+	rc, err := ul.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	fd := -1
+	cerr := rc.Control(func(l uintptr) { fd, err = unix.Dup(int(l)) }) // dup(2): not close-on-exec
+	if cerr != nil {
+		return -1, cerr
+	}
+	return fd, err
+}
+
+func closeFDs(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+}
