@@ -190,6 +190,7 @@ func resetCounters(st containerState) {
 		os.WriteFile(filepath.Join(dir, "memory.peak"), []byte("0"), 0)
 	}
 }
+
 // restart resets a sandbox by restarting it: the container is stopped,
 // its writable layer replaced by an empty one, and a new container started
 // over the same, still-mounted layers.
@@ -216,4 +217,3 @@ func (b *Backend) restart(ctx context.Context, id string, rec *record) error {
 	// Its cgroup (and so its egress key) is new.
 	return writeJSON(filepath.Join(dir, "sandbox.json"), rec)
 }
-
