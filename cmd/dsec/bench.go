@@ -13,7 +13,7 @@ import (
 
 func benchCmd(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return errors.New("usage: dsec bench create|fncall|batch|trajectory|image|microvm [flags]")
+		return errors.New("usage: dsec bench create|reset|seccomp|fncall|batch|trajectory|image|microvm [flags]")
 	}
 	sub, args := args[0], args[1:]
 	fs := flag.NewFlagSet("dsec bench "+sub, flag.ContinueOnError)
@@ -35,6 +35,25 @@ func benchCmd(ctx context.Context, args []string) error {
 		}
 		cfg.Client = newClient()
 		return bench.Create(ctx, cfg)
+	case "reset":
+		cfg := bench.ResetConfig{Out: os.Stdout}
+		fs.StringVar(&cfg.Base, "base", "base:minimal", "base layer")
+		fs.IntVar(&cfg.Rounds, "n", 40, "episodes per measure")
+		fs.IntVar(&cfg.Concurrency, "concurrency", 32, "sandboxes at a time in the parallel measures")
+		if _, _, err := parseArgs(fs, args); err != nil {
+			return err
+		}
+		cfg.Client = newClient()
+		return bench.Reset(ctx, cfg)
+	case "seccomp":
+		cfg := bench.SeccompConfig{Out: os.Stdout}
+		fs.IntVar(&cfg.Runs, "n", 40, "`runc run` of each kind")
+		fs.StringVar(&cfg.WorkDir, "workdir", os.TempDir(), "scratch directory")
+		fs.StringVar(&cfg.Runc, "runc", "runc", "runc binary")
+		if _, _, err := parseArgs(fs, args); err != nil {
+			return err
+		}
+		return bench.Seccomp(ctx, cfg)
 	case "fncall":
 		cfg := bench.FnCallConfig{Out: os.Stdout}
 		fs.StringVar(&cfg.Base, "base", "base:minimal", "base layer")

@@ -31,7 +31,7 @@ Client side (DSEC_URL, DSEC_API_KEY or --url, --key):
   dsec key create|rm
   dsec fncall [flags] -- CMD...    one call on a warm pool; also: dsec fncall pools|warm
   dsec node ls
-  dsec bench create|fncall|batch|trajectory
+  dsec bench create|reset|seccomp|fncall|batch|trajectory
 
 Run "dsec COMMAND -h" for a command's flags.
 `
