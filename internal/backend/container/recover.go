@@ -76,6 +76,7 @@ func (b *Backend) Recover(ctx context.Context) ([]backend.Spec, error) {
 			}
 			continue
 		}
+		b.dropNextDisk(id) // old writable layers a reset left mounted
 		st, err := b.runc.state(ctx, id)
 		switch {
 		case err == nil && st.Status == "paused":

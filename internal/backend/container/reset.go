@@ -106,9 +106,19 @@ func (b *Backend) resetInPlace(ctx context.Context, rec *record) (err error) {
 		return err
 	}
 	tSwap := time.Now()
-	if err := mount.Unmount(filepath.Join(dir, "disk")); err != nil {
+	// The old layer moves aside and goes in the background: its last
+	// unmount tears down its file system and loop device.
+	old, err := os.MkdirTemp(dir, "disk.old-")
+	if err != nil {
 		return err
 	}
+	if err := unix.Mount(filepath.Join(dir, "disk"), old, "", unix.MS_MOVE, ""); err != nil {
+		return fmt.Errorf("move the old writable layer: %w", err)
+	}
+	go func() {
+		unix.Unmount(old, unix.MNT_DETACH)
+		os.Remove(old)
+	}()
 	if err := os.Rename(img, filepath.Join(dir, "disk.img")); err != nil {
 		return err
 	}
@@ -154,12 +164,14 @@ func (b *Backend) waitAgent(ctx context.Context, id, old string) error {
 }
 
 // dropNextDisk removes a writable layer a reset in place prepared and did
-// not install.
+// not install, and one it moved aside and did not unmount yet.
 func (b *Backend) dropNextDisk(id string) {
-	next := filepath.Join(b.dir(id), "disk.next")
-	mount.Unmount(next)
-	os.Remove(next)
-	os.Remove(next + ".img")
+	old, _ := filepath.Glob(filepath.Join(b.dir(id), "disk.old-*"))
+	for _, p := range append(old, filepath.Join(b.dir(id), "disk.next")) {
+		mount.Unmount(p)
+		os.Remove(p)
+	}
+	os.Remove(filepath.Join(b.dir(id), "disk.next.img"))
 }
 
 // frozen reports whether the container's cgroup is frozen (paused).
