@@ -150,7 +150,7 @@ func confine(cfg *agent.Config, dir string, stateFD int) error {
 	if err != nil {
 		return err
 	}
-	cfg.CommandFilter = prog
+	cfg.CommandFilter, cfg.DropAdmin = prog, true
 	return nil
 }
 

@@ -75,6 +75,7 @@ type testAgent struct {
 	t    *testing.T
 	cmd  *exec.Cmd
 	root string // its --root
+	sock string // its socket
 	logs *lockedBuffer
 	done chan struct{} // closed once it has exited
 	err  error         // its exit, once done
@@ -98,6 +99,7 @@ func runAgent(t *testing.T, cmd *exec.Cmd, sock, root string) *testAgent {
 		t:    t,
 		cmd:  cmd,
 		root: root,
+		sock: sock,
 		logs: &lockedBuffer{},
 		done: make(chan struct{}),
 		Client: agent.NewClient(func(ctx context.Context) (net.Conn, error) {

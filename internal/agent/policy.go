@@ -85,7 +85,7 @@ func (s *Server) forker() forkFunc {
 		s.policyMu.Lock()
 		defer s.policyMu.Unlock()
 		if s.spawner == nil {
-			sp, err := newSpawner(s.cfg.Root, s.files, s.cfg.CommandFilter)
+			sp, err := newSpawner(s.cfg.Root, s.files, s.cfg.DropAdmin, s.cfg.CommandFilter)
 			if err != nil {
 				return 0, &confineError{err}
 			}
@@ -113,18 +113,20 @@ type spawnRes struct {
 	err error
 }
 
-// newSpawner starts a spawner thread: it gives up CAP_SYS_ADMIN (which
-// the agent keeps for resets), confines itself with Landlock to rules and,
+// newSpawner starts a spawner thread: with noAdmin it gives up
+// CAP_SYS_ADMIN (which a container's agent keeps for resets), confines itself with Landlock to rules and,
 // if filter is set, installs the commands' seccomp filter on top of the
 // agent's. Every command inherits all three.
-func newSpawner(root string, rules FileRules, filter []byte) (*spawner, error) {
+func newSpawner(root string, rules FileRules, noAdmin bool, filter []byte) (*spawner, error) {
 	sp := &spawner{reqs: make(chan spawnReq)}
 	ready := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread dies with this goroutine
-		if err := dropAdmin(); err != nil {
-			ready <- err
-			return
+		if noAdmin {
+			if err := dropAdmin(); err != nil {
+				ready <- err
+				return
+			}
 		}
 		if err := restrictThread(root, rules); err != nil {
 			ready <- err

@@ -44,6 +44,10 @@ type Config struct {
 	// CommandFilter is the seccomp program every command runs under, on
 	// top of the agent's own (nil: the agent's alone).
 	CommandFilter []byte
+	// DropAdmin forks commands from threads without CAP_SYS_ADMIN in any
+	// capability set: the container init keeps it for resets, commands
+	// must never have it.
+	DropAdmin bool
 	// Filtered says the agent's own seccomp filter is loaded.
 	Filtered bool
 	// Carried is the state a previous agent handed over on a reset.
