@@ -12,3 +12,5 @@
 // profile: TestSameDecisionsAsRunc compares them on every system call
 // number of every architecture.
 package seccomp
+
+//go:generate go run mktables.go
