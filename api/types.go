@@ -106,6 +106,11 @@ type CreateSandboxRequest struct {
 	// IdleTimeoutSeconds destroys the sandbox after this long without
 	// activity; 0 means the server's default (by default: none).
 	IdleTimeoutSeconds int64 `json:"idle_timeout_seconds,omitempty"`
+
+	// Burst allows the sandbox to run on a cloud burst node (a node in
+	// the "burst" pool), which the scheduler uses only while the rest of
+	// the cluster is above its utilisation threshold.
+	Burst bool `json:"burst,omitempty"`
 }
 
 // Sandbox is a sandbox as the API shows it.
@@ -124,6 +129,7 @@ type Sandbox struct {
 	Labels    map[string]string `json:"labels,omitempty"`
 	Env       map[string]string `json:"env,omitempty"`
 	Error     string            `json:"error,omitempty"` // why it failed or was reaped
+	Burst     bool              `json:"burst,omitempty"` // may run on a burst node
 	CreatedAt time.Time         `json:"created_at"`
 	ExpiresAt *time.Time        `json:"expires_at,omitempty"`
 
@@ -289,6 +295,24 @@ type Tenant struct {
 	ID        string    `json:"id"`
 	Name      string    `json:"name"`
 	CreatedAt time.Time `json:"created_at"`
+	// Quota bounds the tenant's live sandboxes; Usage is what they hold.
+	Quota *Quota `json:"quota,omitempty"`
+	Usage *Usage `json:"usage,omitempty"`
+}
+
+// Quota bounds what a tenant's live (creating, running, paused, lost)
+// sandboxes may hold in total. Zero or absent fields are unlimited.
+type Quota struct {
+	Sandboxes int64   `json:"sandboxes,omitempty"`
+	CPU       float64 `json:"cpu,omitempty"`
+	MemoryMB  int64   `json:"memory_mb,omitempty"`
+}
+
+// Usage is what a tenant's live sandboxes hold.
+type Usage struct {
+	Sandboxes int64   `json:"sandboxes"`
+	CPU       float64 `json:"cpu"`
+	MemoryMB  int64   `json:"memory_mb"`
 }
 
 // CreateTenantRequest is the body of POST /v1/tenants.
@@ -310,17 +334,42 @@ type CreateKeyRequest struct {
 	Admin bool `json:"admin,omitempty"`
 }
 
+// Node states.
+const (
+	NodeUp       = "up"
+	NodeDown     = "down"     // stopped heartbeating; its sandboxes are lost
+	NodeDraining = "draining" // takes no new sandboxes
+)
+
 // Node is a machine that runs sandboxes.
 type Node struct {
 	ID       string    `json:"id"`
 	Addr     string    `json:"addr"`
 	State    string    `json:"state"` // "up", "down", "draining"
 	Capacity Resources `json:"capacity"`
+	// Limit is the most that may be allocated: memory as is, CPU times the
+	// control plane's overcommit factor.
+	Limit Resources `json:"limit"`
 	// Allocated is what placed sandboxes asked for.
 	Allocated Resources `json:"allocated"`
 	Sandboxes int       `json:"sandboxes"`
-	Backends  []string  `json:"backends"`
-	LastSeen  time.Time `json:"last_seen"`
+	// Load is what the node measured at its last heartbeat.
+	Load     NodeLoad          `json:"load"`
+	Backends []string          `json:"backends"`
+	Labels   map[string]string `json:"labels,omitempty"`
+	// Pool is the node's pool: "" for the regular nodes, "burst" for cloud
+	// burst nodes (label pool=burst).
+	Pool         string    `json:"pool,omitempty"`
+	CachedLayers int       `json:"cached_layers"`
+	LastSeen     time.Time `json:"last_seen"`
+}
+
+// NodeLoad is what a node measures of its own use.
+type NodeLoad struct {
+	CPU             float64 `json:"cpu"`               // cores busy, whole node
+	MemoryMB        int64   `json:"memory_mb"`         // memory in use, whole node
+	SandboxCPU      float64 `json:"sandbox_cpu"`       // cores busy in sandboxes' cgroups
+	SandboxMemoryMB int64   `json:"sandbox_memory_mb"` // memory charged to sandboxes' cgroups
 }
 
 // NodeList is the body of GET /v1/nodes.

@@ -106,6 +106,48 @@ func (c *Client) ListNodes(ctx context.Context) ([]api.Node, error) {
 	return out.Nodes, nil
 }
 
+// GetNode reads one node (admin only).
+func (c *Client) GetNode(ctx context.Context, id string) (*api.Node, error) {
+	var n api.Node
+	if err := c.do(ctx, http.MethodGet, "/v1/nodes/"+url.PathEscape(id), nil, nil, &n); err != nil {
+		return nil, err
+	}
+	return &n, nil
+}
+
+// DrainNode stops a node from taking new sandboxes (drain true) or lets
+// it take them again (admin only). Its sandboxes keep running.
+func (c *Client) DrainNode(ctx context.Context, id string, drain bool) (*api.Node, error) {
+	op := "/drain"
+	if !drain {
+		op = "/undrain"
+	}
+	var n api.Node
+	if err := c.do(ctx, http.MethodPost, "/v1/nodes/"+url.PathEscape(id)+op, nil, nil, &n); err != nil {
+		return nil, err
+	}
+	return &n, nil
+}
+
+// GetTenant reads a tenant with its quota and usage (admin only).
+func (c *Client) GetTenant(ctx context.Context, id string) (*api.Tenant, error) {
+	var t api.Tenant
+	if err := c.do(ctx, http.MethodGet, "/v1/tenants/"+url.PathEscape(id), nil, nil, &t); err != nil {
+		return nil, err
+	}
+	return &t, nil
+}
+
+// SetQuota replaces a tenant's quota; zero fields are unlimited (admin
+// only).
+func (c *Client) SetQuota(ctx context.Context, tenant string, q api.Quota) (*api.Tenant, error) {
+	var t api.Tenant
+	if err := c.do(ctx, http.MethodPut, "/v1/tenants/"+url.PathEscape(tenant)+"/quota", nil, q, &t); err != nil {
+		return nil, err
+	}
+	return &t, nil
+}
+
 func procPath(id, proc string) string {
 	return "/v1/sandboxes/" + url.PathEscape(id) + "/processes/" + url.PathEscape(proc)
 }

@@ -8,15 +8,21 @@ import (
 	"os"
 	"text/tabwriter"
 	"time"
+
+	"github.com/dsec-project/dsec/api"
 )
 
 func tenantCmd(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return errors.New("usage: dsec tenant create NAME | ls")
+		return errors.New("usage: dsec tenant create NAME | ls | get ID | quota ID [--sandboxes N] [--cpu C] [--memory-mb M]")
 	}
 	sub, args := args[0], args[1:]
 	fs := flag.NewFlagSet("dsec tenant "+sub, flag.ContinueOnError)
 	newClient := clientFlags(fs)
+	var q api.Quota
+	fs.Int64Var(&q.Sandboxes, "sandboxes", 0, "quota: live sandboxes (0 unlimited)")
+	fs.Float64Var(&q.CPU, "cpu", 0, "quota: CPU cores requested by live sandboxes (0 unlimited)")
+	fs.Int64Var(&q.MemoryMB, "memory-mb", 0, "quota: memory requested by live sandboxes, MB (0 unlimited)")
 	pos, _, err := parseArgs(fs, args)
 	if err != nil {
 		return err
@@ -32,6 +38,21 @@ func tenantCmd(ctx context.Context, args []string) error {
 		}
 		fmt.Println(t.ID)
 		return nil
+	case "get", "quota":
+		if len(pos) != 1 {
+			return errors.New("usage: dsec tenant get ID | quota ID [--sandboxes N] [--cpu C] [--memory-mb M]")
+		}
+		c := newClient()
+		var t *api.Tenant
+		if sub == "quota" {
+			t, err = c.SetQuota(ctx, pos[0], q)
+		} else {
+			t, err = c.GetTenant(ctx, pos[0])
+		}
+		if err != nil {
+			return printErrorCode(err)
+		}
+		return printJSON(t)
 	case "ls", "list":
 		ts, err := newClient().ListTenants(ctx)
 		if err != nil {
@@ -95,23 +116,48 @@ func keyCmd(ctx context.Context, args []string) error {
 }
 
 func nodeCmd(ctx context.Context, args []string) error {
-	if len(args) == 0 || (args[0] != "ls" && args[0] != "list") {
-		return errors.New("usage: dsec node ls")
+	if len(args) == 0 {
+		return errors.New("usage: dsec node ls | get ID | drain ID | undrain ID")
 	}
-	fs := flag.NewFlagSet("dsec node ls", flag.ContinueOnError)
+	sub, args := args[0], args[1:]
+	fs := flag.NewFlagSet("dsec node "+sub, flag.ContinueOnError)
 	newClient := clientFlags(fs)
-	if _, _, err := parseArgs(fs, args[1:]); err != nil {
+	pos, _, err := parseArgs(fs, args)
+	if err != nil {
 		return err
 	}
-	ns, err := newClient().ListNodes(ctx)
-	if err != nil {
-		return printErrorCode(err)
+	switch sub {
+	case "ls", "list":
+		ns, err := newClient().ListNodes(ctx)
+		if err != nil {
+			return printErrorCode(err)
+		}
+		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "ID\tSTATE\tPOOL\tSANDBOXES\tCPU (ALLOC/LIMIT)\tCPU USED\tMEMORY MB (ALLOC/CAP)\tMEMORY USED\tLAST SEEN")
+		for _, n := range ns {
+			pool := n.Pool
+			if pool == "" {
+				pool = "-"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%g/%g\t%.2f\t%d/%d\t%d\t%s\n", n.ID, n.State, pool, n.Sandboxes,
+				n.Allocated.CPU, n.Limit.CPU, n.Load.CPU, n.Allocated.MemoryMB, n.Capacity.MemoryMB, n.Load.MemoryMB,
+				time.Since(n.LastSeen).Round(time.Second))
+		}
+		return tw.Flush()
+	case "get", "drain", "undrain":
+		if len(pos) != 1 {
+			return fmt.Errorf("usage: dsec node %s ID", sub)
+		}
+		var n *api.Node
+		if sub == "get" {
+			n, err = newClient().GetNode(ctx, pos[0])
+		} else {
+			n, err = newClient().DrainNode(ctx, pos[0], sub == "drain")
+		}
+		if err != nil {
+			return printErrorCode(err)
+		}
+		return printJSON(n)
 	}
-	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tSTATE\tSANDBOXES\tCPU (ALLOC/CAP)\tMEMORY MB (ALLOC/CAP)\tBACKENDS")
-	for _, n := range ns {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%g/%g\t%d/%d\t%v\n", n.ID, n.State, n.Sandboxes,
-			n.Allocated.CPU, n.Capacity.CPU, n.Allocated.MemoryMB, n.Capacity.MemoryMB, n.Backends)
-	}
-	return tw.Flush()
+	return fmt.Errorf("unknown command: dsec node %s", sub)
 }

@@ -7,13 +7,16 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
+	"strings"
+	"time"
 
 	"github.com/dsec-project/dsec/internal/bench"
 )
 
 func benchCmd(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return errors.New("usage: dsec bench create|reset|seccomp|fncall|batch|trajectory|image|microvm [flags]")
+		return errors.New("usage: dsec bench create|reset|seccomp|fncall|batch|trajectory|image|microvm|cluster [flags]")
 	}
 	sub, args := args[0], args[1:]
 	fs := flag.NewFlagSet("dsec bench "+sub, flag.ContinueOnError)
@@ -108,6 +111,33 @@ func benchCmd(ctx context.Context, args []string) error {
 		}
 		cfg.Client = newClient()
 		return bench.MicroVM(ctx, cfg)
+	case "cluster":
+		cfg := bench.ClusterConfig{Out: os.Stdout}
+		fs.IntVar(&cfg.Nodes, "nodes", 160, "simulated nodes")
+		fs.Float64Var(&cfg.NodeCPU, "node-cpu", 192, "cores per node")
+		fs.Int64Var(&cfg.NodeMemoryMB, "node-memory-mb", 1600000, "memory per node, MB (DSec: 250 TB over 160 nodes)")
+		fs.DurationVar(&cfg.Duration, "duration", 20*time.Second, "how long creates are sustained")
+		fs.IntVar(&cfg.Concurrency, "concurrency", 128, "concurrent API clients")
+		fs.IntVar(&cfg.Batch, "batch", 32768, "sandboxes in the one bulk batch")
+		fs.IntVar(&cfg.Live, "live", 380000, "live sandboxes when reads are timed")
+		stores := fs.String("stores", "sqlite,postgres", "stores to run against")
+		fs.StringVar(&cfg.PostgresDSN, "postgres", "", "PostgreSQL database to use (default: start a private server)")
+		fs.StringVar(&cfg.WorkDir, "workdir", os.TempDir(), "scratch directory")
+		cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run here")
+		if _, _, err := parseArgs(fs, args); err != nil {
+			return err
+		}
+		cfg.Stores = strings.Split(*stores, ",")
+		if *cpuProfile != "" {
+			f, err := os.Create(*cpuProfile)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			pprof.StartCPUProfile(f)
+			defer pprof.StopCPUProfile()
+		}
+		return bench.Cluster(ctx, cfg)
 	}
 	return fmt.Errorf("unknown benchmark %q", sub)
 }

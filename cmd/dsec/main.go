@@ -21,17 +21,18 @@ const usage = `dsec — sandboxes for agentic RL at scale
 
 Server side:
   dsec server [flags]            all-in-one: control plane + local edge + embedded store
-  dsec edge [flags]              a node agent serving the edge API over TCP
+                                 (--local-edge=false --db postgres://… for control-plane replicas)
+  dsec edge --join URL --token T a node joining a control plane (the edge API over TCP)
 
 Client side (DSEC_URL, DSEC_API_KEY or --url, --key):
   dsec sandbox create|ls|get|rm|exec|cp|reset|pause|resume|renew
   dsec trajectory get|rm
   dsec layer build|import|ls|get
-  dsec tenant create|ls
+  dsec tenant create|ls|get|quota
   dsec key create|rm
   dsec fncall [flags] -- CMD...    one call on a warm pool; also: dsec fncall pools|warm
-  dsec node ls
-  dsec bench create|reset|seccomp|fncall|batch|trajectory
+  dsec node ls|get|drain|undrain
+  dsec bench create|reset|seccomp|fncall|batch|trajectory|image|microvm|cluster
 
 Run "dsec COMMAND -h" for a command's flags.
 `

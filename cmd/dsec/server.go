@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -12,15 +14,20 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
+	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/backend"
 	"github.com/dsec-project/dsec/internal/backend/container"
 	"github.com/dsec-project/dsec/internal/blobfs"
 	"github.com/dsec-project/dsec/internal/edge"
 	"github.com/dsec-project/dsec/internal/fncall"
 	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/scheduler"
 	"github.com/dsec-project/dsec/internal/server"
+	"github.com/dsec-project/dsec/internal/store"
+	"github.com/dsec-project/dsec/internal/store/postgres"
 	"github.com/dsec-project/dsec/internal/store/sqlite"
 )
 
@@ -34,6 +41,10 @@ type nodeFlags struct {
 	maxFileBytes int64
 	uidBase      uint
 	net          netFlags
+	cpu          float64
+	memoryMB     int64
+	labels       stringList
+	heartbeat    time.Duration
 	debug        bool
 	layers       layerFlags
 	microvm      microvmFlags
@@ -48,6 +59,10 @@ func (n *nodeFlags) register(fs *flag.FlagSet) {
 	fs.Int64Var(&n.maxFileBytes, "max-file-bytes", 100<<20, "largest file a sandbox's files API reads or writes")
 	fs.UintVar(&n.uidBase, "uid-base", 1<<24, "first host uid of the sandboxes' id ranges (65536 ids each)")
 	n.net.register(fs)
+	fs.Float64Var(&n.cpu, "cpu", 0, "cores this node offers (default: all)")
+	fs.Int64Var(&n.memoryMB, "memory-mb", 0, "memory this node offers, MB (default: 90% of RAM, leaving at least 512 MB)")
+	fs.Var(&n.labels, "label", "node label KEY=VALUE (repeatable); pool=burst makes it a cloud burst node")
+	fs.DurationVar(&n.heartbeat, "heartbeat", 2*time.Second, "time between the node's heartbeats")
 	fs.BoolVar(&n.debug, "debug", false, "debug logging")
 	n.layers.register(fs)
 	n.microvm.register(fs)
@@ -140,7 +155,8 @@ func (n *nodeFlags) startEdge(ctx context.Context, dataDir string, layers edge.L
 	if mb != nil {
 		backends = append(backends, mb)
 	}
-	ecfg := edge.Config{NodeID: n.nodeID, Backends: backends, Layers: layers, Logger: log}
+	ecfg := edge.Config{NodeID: n.nodeID, Backends: backends, Layers: layers, Logger: log,
+		Capacity: api.Resources{CPU: n.cpu, MemoryMB: n.memoryMB}}
 	if p, ok := layers.(edge.Packer); ok {
 		ecfg.Packer = p
 	}
@@ -173,13 +189,20 @@ func serverCmd(ctx context.Context, args []string) error {
 	profilesFile := fs.String("profiles", "", "JSON file of named policy profiles: {\"name\": {\"phase\": …, \"phases\": {…}}}")
 	storeLoc := fs.String("store", "", "layer store: a directory shared by the nodes, s3://ACCESS:SECRET@HOST:PORT/BUCKET[/PREFIX], or empty for <data>/store")
 	snapDepth := fs.Int("snapshot-max-depth", server.DefaultMaxSnapshotDepth, "snapshot layers that may stack before a snapshot flattens them")
+	db := fs.String("db", os.Getenv("DSEC_DB"), "control-plane database: empty for SQLite in the data dir, or a PostgreSQL URL "+
+		"(postgres://…) shared by every replica ($DSEC_DB)")
+	localEdge := fs.Bool("local-edge", true, "run a node in this process (the all-in-one); false for a control plane only")
+	clusterToken := fs.String("cluster-token", os.Getenv("DSEC_CLUSTER_TOKEN"), "token nodes join with (dsec edge --join … --token); empty: no remote nodes ($DSEC_CLUSTER_TOKEN)")
+	overcommit := fs.Float64("cpu-overcommit", scheduler.DefaultConfig.CPUOvercommit, "how many times a node's cores may be promised to sandboxes")
+	burst := fs.Float64("burst-threshold", scheduler.DefaultConfig.BurstThreshold, "utilisation of the regular nodes above which burst-eligible sandboxes go to burst nodes")
+	nodeTimeout := fs.Duration("node-timeout", 10*time.Second, "a node unheard for this long is down and its sandboxes lost")
 	var nf nodeFlags
 	nf.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if os.Geteuid() != 0 {
-		return errors.New("dsec server runs sandboxes and must run as root")
+	if *localEdge && os.Geteuid() != 0 {
+		return errors.New("dsec server runs sandboxes and must run as root (or pass --local-edge=false)")
 	}
 	log := nf.logger()
 	dataDir, err := filepath.Abs(*data)
@@ -191,7 +214,7 @@ func serverCmd(ctx context.Context, args []string) error {
 			return err
 		}
 	}
-	st, err := sqlite.Open(ctx, filepath.Join(dataDir, "dsec.db"))
+	st, err := openStore(ctx, *db, dataDir)
 	if err != nil {
 		return err
 	}
@@ -214,28 +237,6 @@ func serverCmd(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	nodeLayers, err := nf.nodeLayers(ctx, filepath.Join(dataDir, "edge"), *storeLoc, localStore, layers, legacy, log)
-	if err != nil {
-		return err
-	}
-
-	// The local edge serves its API on a unix socket only root can reach;
-	// the control plane talks to it exactly as to a remote node.
-	e, closeEdge, err := nf.startEdge(ctx, filepath.Join(dataDir, "edge"), nodeLayers, log)
-	if err != nil {
-		return err
-	}
-	defer closeEdge()
-	edgeSock := filepath.Join(dataDir, "edge.sock")
-	os.Remove(edgeSock)
-	el, err := net.Listen("unix", edgeSock)
-	if err != nil {
-		return err
-	}
-	edgeSrv := &http.Server{Handler: e.Handler(""), ReadHeaderTimeout: 10 * time.Second}
-	go edgeSrv.Serve(el)
-	defer edgeSrv.Close()
-
 	if *idle < 0 || *retention <= 0 {
 		return errors.New("--idle-timeout must not be negative and --trajectory-retention must be positive")
 	}
@@ -243,13 +244,24 @@ func serverCmd(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	sched := scheduler.DefaultConfig
+	sched.CPUOvercommit, sched.BurstThreshold = *overcommit, *burst
 	srv := server.New(server.Config{
 		Store: st, Layers: layers, TmpDir: filepath.Join(dataDir, "tmp"), Logger: log, Profiles: profiles,
 		DefaultIdleTimeout: idle.Truncate(time.Second), TrajectoryRetention: *retention,
 		FnCall: fc, BatchParallel: *batchParallel, MaxSnapshotDepth: *snapDepth,
+		Scheduler: scheduler.New(sched), ClusterToken: *clusterToken, NodeTimeout: *nodeTimeout,
 	})
-	if err := srv.AddNode(ctx, "unix://"+edgeSock, ""); err != nil {
-		return err
+	if *localEdge {
+		nodeLayers, err := nf.nodeLayers(ctx, filepath.Join(dataDir, "edge"), *storeLoc, localStore, layers, legacy, log)
+		if err != nil {
+			return err
+		}
+		stop, err := nf.runLocalEdge(ctx, dataDir, nodeLayers, srv, log)
+		if err != nil {
+			return err
+		}
+		defer stop()
 	}
 	if *busybox != "" {
 		if err := srv.EnsureDefaultBase(ctx, *busybox); err != nil {
@@ -261,13 +273,63 @@ func serverCmd(ctx context.Context, args []string) error {
 		"admin_key", filepath.Join(dataDir, "admin.key"))
 }
 
+// openStore opens the control plane's database: SQLite in the data dir,
+// or PostgreSQL.
+func openStore(ctx context.Context, db, dataDir string) (store.Store, error) {
+	if strings.HasPrefix(db, "postgres://") || strings.HasPrefix(db, "postgresql://") || strings.Contains(db, "host=") {
+		return postgres.Open(ctx, db)
+	}
+	if db != "" {
+		return nil, fmt.Errorf("--db %q: want a postgres:// URL, or nothing for SQLite", db)
+	}
+	return sqlite.Open(ctx, filepath.Join(dataDir, "dsec.db"))
+}
+
+// runLocalEdge starts the all-in-one's own node: its edge API on a unix
+// socket only root can reach, reporting to the control plane in-process
+// exactly as a remote node does over HTTP.
+func (n *nodeFlags) runLocalEdge(ctx context.Context, dataDir string, layers edge.Layers, srv *server.Server, log *slog.Logger) (func(), error) {
+	e, closeEdge, err := n.startEdge(ctx, filepath.Join(dataDir, "edge"), layers, log)
+	if err != nil {
+		return nil, err
+	}
+	edgeSock := filepath.Join(dataDir, "edge.sock")
+	os.Remove(edgeSock)
+	el, err := net.Listen("unix", edgeSock)
+	if err != nil {
+		closeEdge()
+		return nil, err
+	}
+	edgeSrv := &http.Server{Handler: e.Handler(""), ReadHeaderTimeout: 10 * time.Second}
+	go edgeSrv.Serve(el)
+	labels, err := keyValues(n.labels, "--label")
+	if err != nil {
+		edgeSrv.Close()
+		closeEdge()
+		return nil, err
+	}
+	jc := edge.JoinConfig{Addr: "unix://" + edgeSock, Labels: labels, Interval: n.heartbeat}
+	// Register before serving, so that the first create finds the node.
+	if _, err := srv.Heartbeat(ctx, e.Heartbeat(ctx, jc, true)); err != nil {
+		edgeSrv.Close()
+		closeEdge()
+		return nil, err
+	}
+	jctx, cancel := context.WithCancel(ctx)
+	go e.Join(jctx, srv, jc)
+	return func() { cancel(); edgeSrv.Close(); closeEdge() }, nil
+}
+
 func edgeCmd(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("dsec edge", flag.ContinueOnError)
 	listen := fs.String("listen", "127.0.0.1:7071", "edge API address")
 	data := fs.String("data", "/var/lib/dsec-edge", "node-local data directory")
 	storeLoc := fs.String("store", "", "layer store shared with the control plane: a directory on a shared mount, or s3://ACCESS:SECRET@HOST:PORT/BUCKET[/PREFIX]")
 	legacyDir := fs.String("legacy-store", "", "directory of layers stored by earlier dsec versions as single EROFS images (optional)")
-	token := fs.String("token", os.Getenv("DSEC_EDGE_TOKEN"), "bearer token the control plane must send ($DSEC_EDGE_TOKEN)")
+	join := fs.String("join", os.Getenv("DSEC_JOIN"), "control plane URL to join and heartbeat to ($DSEC_JOIN)")
+	advertise := fs.String("advertise", "", "URL the control plane reaches this edge at (default: http://<listen address>)")
+	token := fs.String("token", os.Getenv("DSEC_EDGE_TOKEN"), "with --join: the cluster token; without: the bearer token the control plane must send ($DSEC_EDGE_TOKEN)")
+	edgeToken := fs.String("edge-token", "", "with --join: the bearer token the control plane must send (default: a random one made at start)")
 	var nf nodeFlags
 	nf.register(fs)
 	if err := fs.Parse(args); err != nil {
@@ -300,7 +362,36 @@ func edgeCmd(ctx context.Context, args []string) error {
 		return err
 	}
 	defer closeEdge()
-	return serveHTTP(ctx, *listen, e.Handler(*token), log, "dsec edge ready", "node", nf.nodeID)
+	apiToken := *token
+	if *join != "" {
+		apiToken = *edgeToken
+		if apiToken == "" {
+			b := make([]byte, 20)
+			rand.Read(b)
+			apiToken = hex.EncodeToString(b)
+		}
+	}
+	l, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return err
+	}
+	if *join != "" {
+		labels, err := keyValues(nf.labels, "--label")
+		if err != nil {
+			return err
+		}
+		addr := *advertise
+		if addr == "" {
+			addr = "http://" + l.Addr().String()
+		}
+		cp, err := edge.NewJoinClient(*join, *token)
+		if err != nil {
+			return err
+		}
+		go e.Join(ctx, cp, edge.JoinConfig{Addr: addr, Token: apiToken, Labels: labels, Interval: nf.heartbeat})
+		log.Info("joining control plane", "url", *join, "advertise", addr)
+	}
+	return serveListener(ctx, l, e.Handler(apiToken), log, "dsec edge ready", "node", nf.nodeID)
 }
 
 // serveHTTP serves h on addr until ctx ends, then shuts down gracefully.
@@ -310,6 +401,11 @@ func serveHTTP(ctx context.Context, addr string, h http.Handler, log *slog.Logge
 	if err != nil {
 		return err
 	}
+	return serveListener(ctx, l, h, log, msg, attrs...)
+}
+
+// serveListener is serveHTTP on a listener.
+func serveListener(ctx context.Context, l net.Listener, h http.Handler, log *slog.Logger, msg string, attrs ...any) error {
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(l) }()

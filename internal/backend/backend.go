@@ -100,3 +100,18 @@ type Layer struct {
 	// is and never shared (`dsec bench image`'s untar baseline).
 	Dir bool `json:"dir,omitempty"`
 }
+
+// Usage is what a backend's sandboxes use together.
+type Usage struct {
+	// CPUSeconds is the CPU time they have used, cumulative (a counter:
+	// the caller takes rates).
+	CPUSeconds float64
+	// MemoryBytes is the memory charged to them now.
+	MemoryBytes int64
+}
+
+// UsageReporter is implemented by backends that can measure what their
+// sandboxes use together (the container backend reads its cgroup parent).
+type UsageReporter interface {
+	Usage(ctx context.Context) (Usage, error)
+}

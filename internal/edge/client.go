@@ -28,8 +28,14 @@ type Client struct {
 
 // NewClient returns a client for the edge at addr: "unix:///path/edge.sock"
 // or "http://host:port".
+//
+// A node that dies without closing its connections (a host gone, a cut
+// network) is noticed within seconds: connecting times out after 5 s and
+// idle connections are probed by TCP keepalives.
 func NewClient(addr, token string) (*Client, error) {
+	dialer := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 10 * time.Second}
 	tr := &http.Transport{
+		DialContext:         dialer.DialContext,
 		MaxIdleConns:        256,
 		MaxIdleConnsPerHost: 256,
 		IdleConnTimeout:     90 * time.Second,
@@ -39,14 +45,20 @@ func NewClient(addr, token string) (*Client, error) {
 	case strings.HasPrefix(addr, "unix://"):
 		path := strings.TrimPrefix(addr, "unix://")
 		tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", path)
+			return dialer.DialContext(ctx, "unix", path)
 		}
 		base = "http://edge"
 	case strings.HasPrefix(addr, "http://"), strings.HasPrefix(addr, "https://"):
 	default:
 		return nil, errdefs.Invalid("edge address %q: want unix:///path or http://host:port", addr)
 	}
+	return NewClientTransport(base, token, tr)
+}
+
+// NewClientTransport returns a client for the edge at base
+// ("http://host:port") whose requests go through rt.
+func NewClientTransport(base, token string, rt http.RoundTripper) (*Client, error) {
+	tr := rt
 	c := &Client{base: strings.TrimSuffix(base, "/"), token: token, hc: &http.Client{Transport: tr}}
 	c.proxy = &httputil.ReverseProxy{
 		Transport:     tr,

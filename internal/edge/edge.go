@@ -16,6 +16,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/agent"
@@ -61,7 +62,10 @@ type Config struct {
 	Packer Packer
 	// Capacity is what this node offers; zero fields are measured.
 	Capacity api.Resources
-	Logger   *slog.Logger
+	// Load measures the node's load for heartbeats; by default /proc and
+	// the backends' cgroups.
+	Load   func(ctx context.Context) api.NodeLoad
+	Logger *slog.Logger
 }
 
 // Edge manages the sandboxes of one node.
@@ -70,8 +74,15 @@ type Edge struct {
 	backends map[string]backend.Backend
 	log      *slog.Logger
 
+	load loadMeter
+
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
+	// layersUsed are the layers sandboxes used lately, with when;
+	// layersGen counts changes and sentLayersGen is the generation the
+	// last heartbeat carried.
+	layersUsed               map[string]time.Time
+	layersGen, sentLayersGen uint64
 }
 
 // sandbox is the edge's handle on one sandbox.
@@ -123,10 +134,12 @@ func New(ctx context.Context, cfg Config) (*Edge, error) {
 		cfg.Logger = slog.Default()
 	}
 	e := &Edge{
-		cfg:       cfg,
-		backends:  map[string]backend.Backend{},
-		log:       cfg.Logger.With("node", cfg.NodeID),
-		sandboxes: map[string]*sandbox{},
+		cfg:        cfg,
+		backends:   map[string]backend.Backend{},
+		log:        cfg.Logger.With("node", cfg.NodeID),
+		sandboxes:  map[string]*sandbox{},
+		layersUsed: map[string]time.Time{},
+		layersGen:  1,
 	}
 	for _, b := range cfg.Backends {
 		e.backends[b.Name()] = b
@@ -144,6 +157,9 @@ func New(ctx context.Context, cfg Config) (*Edge, error) {
 		}
 		for _, s := range specs {
 			e.sandboxes[s.ID] = e.newSandbox(s, b)
+			for _, l := range s.Layers {
+				e.layersUsed[l.Digest] = time.Now()
+			}
 		}
 		if len(specs) > 0 {
 			e.log.Info("recovered sandboxes", "backend", b.Name(), "count", len(specs))
@@ -190,6 +206,7 @@ func (e *Edge) Create(ctx context.Context, req CreateRequest) (Status, error) {
 			return Status{}, fmt.Errorf("fetch layer %s: %w", d, err)
 		}
 		spec.Layers = append(spec.Layers, l)
+		e.noteLayer(l.Digest)
 	}
 	sb := e.newSandbox(spec, b)
 	sb.op.Lock()

@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 
@@ -38,6 +39,25 @@ func TestPlace(t *testing.T) {
 		{"backend must be offered", []NodeState{
 			{ID: "a", State: NodeUp, Capacity: big, Backends: []string{api.BackendMicroVM}},
 		}, api.Resources{CPU: 1, MemoryMB: 1}, ""},
+		{"sandboxes measured over 90% of the cores: nothing new", []NodeState{
+			{ID: "a", State: NodeUp, Capacity: big, Load: api.NodeLoad{CPU: 1.9, SandboxCPU: 1.85}, Backends: c},
+		}, api.Resources{CPU: 0.1, MemoryMB: 1}, ""},
+		{"a busy host alone does not refuse", []NodeState{
+			{ID: "a", State: NodeUp, Capacity: big, Load: api.NodeLoad{CPU: 2}, Backends: c},
+		}, api.Resources{CPU: 0.1, MemoryMB: 1}, "a"},
+		{"sandboxes' measured memory counts", []NodeState{
+			{ID: "a", State: NodeUp, Capacity: big, Load: api.NodeLoad{SandboxMemoryMB: 3900}, Backends: c},
+		}, api.Resources{CPU: 0.1, MemoryMB: 512}, ""},
+		{"a host using more than the node offers does not refuse", []NodeState{
+			{ID: "a", State: NodeUp, Capacity: big, Load: api.NodeLoad{MemoryMB: 20000}, Backends: c},
+		}, api.Resources{CPU: 0.1, MemoryMB: 512}, "a"},
+		{"measured cpu steers to the idle node", []NodeState{
+			{ID: "a", State: NodeUp, Capacity: big, Load: api.NodeLoad{CPU: 1.5}, Backends: c},
+			{ID: "b", State: NodeUp, Capacity: big, Allocated: api.Resources{MemoryMB: 1000}, Backends: c},
+		}, api.Resources{CPU: 0.1, MemoryMB: 1}, "b"},
+		{"pids limit", []NodeState{
+			{ID: "a", State: NodeUp, Capacity: api.Resources{CPU: 2, MemoryMB: 4096, Pids: 100}, Allocated: api.Resources{Pids: 90}, Backends: c},
+		}, api.Resources{CPU: 0.1, MemoryMB: 1, Pids: 20}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := Place(tc.nodes, Request{Backend: api.BackendContainer, Resources: tc.req}, DefaultConfig)
@@ -82,4 +102,113 @@ func TestReserveNeverOvercommits(t *testing.T) {
 	if n := s.Nodes()[0]; n.Sandboxes != 10 || n.Allocated.MemoryMB != 1000 {
 		t.Fatalf("node state after release+reserve: %+v", n)
 	}
+}
+
+func TestAffinityAndBurst(t *testing.T) {
+	c := []string{api.BackendContainer}
+	capa := api.Resources{CPU: 10, MemoryMB: 10000}
+	small := api.Resources{CPU: 1, MemoryMB: 100}
+	cached := map[string]bool{"sha256:base": true, "sha256:ws": true}
+	at := func(id string, memUsed int64, pool string, layers map[string]bool) NodeState {
+		return NodeState{ID: id, State: NodeUp, Pool: pool, Capacity: capa, Backends: c,
+			Allocated: api.Resources{MemoryMB: memUsed}, Layers: layers}
+	}
+	for _, tc := range []struct {
+		name  string
+		nodes []NodeState
+		req   Request
+		want  string
+	}{
+		{"cached layers win among equals",
+			[]NodeState{at("a", 2000, "", nil), at("b", 2000, "", cached)},
+			Request{Layers: []string{"sha256:base", "sha256:ws"}}, "b"},
+		{"cached layers win over slightly emptier",
+			[]NodeState{at("a", 1000, "", nil), at("b", 2000, "", cached)},
+			Request{Layers: []string{"sha256:base", "sha256:ws"}}, "b"},
+		{"a much emptier node beats the cache",
+			[]NodeState{at("a", 0, "", nil), at("b", 6000, "", cached)},
+			Request{Layers: []string{"sha256:base", "sha256:ws"}}, "a"},
+		{"burst unused below the threshold",
+			[]NodeState{at("a", 7000, "", nil), at("cloud", 0, PoolBurst, nil)},
+			Request{Burst: true}, "a"},
+		{"burst used above the threshold",
+			[]NodeState{at("a", 8500, "", nil), at("cloud", 0, PoolBurst, nil)},
+			Request{Burst: true}, "cloud"},
+		{"burst never used without consent",
+			[]NodeState{at("a", 9500, "", nil), at("cloud", 0, PoolBurst, nil)},
+			Request{}, "a"},
+		{"excluded node skipped",
+			[]NodeState{at("a", 0, "", nil), at("b", 5000, "", nil)},
+			Request{Exclude: []string{"a"}}, "b"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.req.Backend, tc.req.Resources = api.BackendContainer, small
+			got, err := Place(tc.nodes, tc.req, DefaultConfig)
+			if err != nil || got != tc.want {
+				t.Fatalf("Place = %q, %v; want %q", got, err, tc.want)
+			}
+		})
+	}
+	t.Run("no regular room and no consent: exhausted", func(t *testing.T) {
+		_, err := Place([]NodeState{at("a", 10000, "", nil), at("cloud", 0, PoolBurst, nil)},
+			Request{Backend: api.BackendContainer, Resources: small}, DefaultConfig)
+		if !errors.Is(err, errdefs.ErrResourceExhausted) {
+			t.Fatalf("got %v", err)
+		}
+	})
+}
+
+func TestPlaceBatchSpreads(t *testing.T) {
+	c := []string{api.BackendContainer}
+	capa := api.Resources{CPU: 64, MemoryMB: 1 << 20}
+	nodes := []NodeState{
+		{ID: "a", State: NodeUp, Capacity: capa, Backends: c},
+		{ID: "b", State: NodeUp, Capacity: capa, Backends: c, Layers: map[string]bool{"sha256:x": true}},
+		{ID: "c", State: NodeUp, Capacity: capa, Backends: c},
+		{ID: "d", State: NodeUp, Capacity: capa, Backends: c},
+	}
+	req := Request{Backend: api.BackendContainer, Resources: api.Resources{CPU: 1, MemoryMB: 100}, Layers: []string{"sha256:x"}}
+	t.Run("every node gets a share, the cached one the most", func(t *testing.T) {
+		ids, err := PlaceBatch(nodes, req, 400, DefaultConfig)
+		if err != nil || len(ids) != 400 {
+			t.Fatalf("PlaceBatch = %d, %v", len(ids), err)
+		}
+		per := map[string]int{}
+		for _, id := range ids {
+			per[id]++
+		}
+		for _, n := range nodes {
+			if per[n.ID] < 60 {
+				t.Errorf("node %s got %d of 400: not spread (%v)", n.ID, per[n.ID], per)
+			}
+			if n.ID != "b" && per[n.ID] > per["b"] {
+				t.Errorf("node %s got more than the cached node: %v", n.ID, per)
+			}
+		}
+		if nodes[0].Allocated.CPU != 0 {
+			t.Fatal("PlaceBatch modified its input")
+		}
+	})
+	t.Run("cpu overcommit bounds the batch", func(t *testing.T) {
+		// 4 nodes × 64 cores × 50 = 12800 cores of 1-core sandboxes.
+		ids, err := PlaceBatch(nodes, req, 13000, DefaultConfig)
+		if err != nil || len(ids) != 12800 {
+			t.Fatalf("PlaceBatch = %d, %v; want 12800", len(ids), err)
+		}
+	})
+	t.Run("batch overflows to burst past the threshold", func(t *testing.T) {
+		two := []NodeState{
+			{ID: "a", State: NodeUp, Capacity: api.Resources{CPU: 100, MemoryMB: 1000}, Backends: c},
+			{ID: "cloud", State: NodeUp, Pool: PoolBurst, Capacity: api.Resources{CPU: 100, MemoryMB: 1000}, Backends: c},
+		}
+		r := Request{Backend: api.BackendContainer, Resources: api.Resources{CPU: 0.1, MemoryMB: 100}, Burst: true}
+		ids, err := PlaceBatch(two, r, 12, DefaultConfig)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []string{"a", "a", "a", "a", "a", "a", "a", "a", "cloud", "cloud", "cloud", "cloud"}
+		if !slices.Equal(ids, want) {
+			t.Fatalf("PlaceBatch = %v, want %v", ids, want)
+		}
+	})
 }

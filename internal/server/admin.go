@@ -99,3 +99,55 @@ func (s *Server) deleteKey(w http.ResponseWriter, r *http.Request) error {
 	w.WriteHeader(http.StatusNoContent)
 	return nil
 }
+
+// tenantWithUsage is a tenant with its quota and usage.
+func (s *Server) tenantWithUsage(r *http.Request, t store.Tenant) (api.Tenant, error) {
+	out := tenantAPI(t)
+	u, err := s.store.Usage(r.Context(), t.ID)
+	if err != nil {
+		return out, err
+	}
+	q := api.Quota{Sandboxes: u.Quota.Sandboxes, CPU: u.Quota.CPU, MemoryMB: u.Quota.MemoryMB}
+	out.Quota = &q
+	out.Usage = &api.Usage{Sandboxes: u.Sandboxes, CPU: u.CPU, MemoryMB: u.MemoryMB}
+	return out, nil
+}
+
+func (s *Server) getTenant(w http.ResponseWriter, r *http.Request) error {
+	t, err := s.store.GetTenant(r.Context(), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	out, err := s.tenantWithUsage(r, t)
+	if err != nil {
+		return err
+	}
+	httpapi.WriteJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// setQuota replaces a tenant's quota. Sandboxes already running over a
+// lowered quota keep running; new ones are refused until usage drops.
+func (s *Server) setQuota(w http.ResponseWriter, r *http.Request) error {
+	var q api.Quota
+	if err := httpapi.DecodeJSON(r, &q); err != nil {
+		return err
+	}
+	if q.Sandboxes < 0 || q.CPU < 0 || q.MemoryMB < 0 {
+		return errdefs.Invalid("quota fields must not be negative (0 is unlimited)")
+	}
+	t, err := s.store.GetTenant(r.Context(), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	if err := s.store.SetQuota(r.Context(), t.ID, store.Quota{Sandboxes: q.Sandboxes, CPU: q.CPU, MemoryMB: q.MemoryMB}); err != nil {
+		return err
+	}
+	out, err := s.tenantWithUsage(r, t)
+	if err != nil {
+		return err
+	}
+	s.log.Info("tenant quota set", "tenant", t.ID, "sandboxes", q.Sandboxes, "cpu", q.CPU, "memory_mb", q.MemoryMB)
+	httpapi.WriteJSON(w, http.StatusOK, out)
+	return nil
+}

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -12,7 +13,6 @@ import (
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/errdefs"
 	"github.com/dsec-project/dsec/internal/httpapi"
-	"github.com/dsec-project/dsec/internal/scheduler"
 	"github.com/dsec-project/dsec/internal/store"
 )
 
@@ -175,53 +175,78 @@ func (s *Server) batchHeartbeat(b *batch, write func(api.BatchEvent)) func() {
 // runBatch places, records and builds every item of b. It returns when
 // every item is done. Once client is done, items not yet started are
 // cancelled rather than built.
+//
+// The scheduler places the whole batch in one pass (spreading it, see
+// scheduler.PlaceBatch); the store inserts the records and charges their
+// nodes and tenant chunk by chunk, each chunk in one transaction (the
+// authoritative reservation). A chunk the store refuses — another replica
+// filled a node, the tenant's quota — is not lost: its items take the
+// single create's path one by one, so the batch gets what fits.
 func (s *Server) runBatch(ctx, client context.Context, tenant string, b *batch) {
 	req := b.p.req
 	n := len(b.items)
 	for i := range b.items {
 		b.items[i].Index = i
 	}
-	nodes, perr := s.sched.ReserveMany(scheduler.Request{Backend: req.Backend, Resources: req.Resources}, n)
-	b.mu.Lock()
-	b.placed = len(nodes)
-	b.mu.Unlock()
-	for i := len(nodes); i < n; i++ {
-		b.items[i].State, b.items[i].Error = api.StateFailed, itemError(perr)
-		s.metrics.creates.WithLabelValues(req.Backend, errdefs.Code(perr)).Inc()
-		b.finish(i)
-	}
-
+	sreq := schedRequest(b.p)
+	nodes, perr := s.sched.ReserveBatch(sreq, n)
 	now := time.Now().UTC()
+	placed := make([]bool, n)
+	for i := range b.items {
+		sb := s.newRecord(tenant, b.p, now)
+		if i < len(nodes) {
+			sb.API.Node = nodes[i]
+		}
+		b.recs[i] = &sb
+	}
 	for lo := 0; lo < len(nodes); lo += batchInsertChunk {
 		hi := min(lo+batchInsertChunk, len(nodes))
-		chunk := make([]*store.Sandbox, 0, hi-lo)
-		for i := lo; i < hi; i++ {
-			sb := s.newRecord(tenant, b.p, nodes[i], now)
-			chunk = append(chunk, &sb)
+		chunk := b.recs[lo:hi]
+		err := s.store.PlaceSandboxes(ctx, chunk)
+		if errors.Is(err, errdefs.ErrAlreadyExists) {
+			for _, sb := range chunk { // an id collided: draw them again
+				sb.API.ID = sandboxID(time.Now())
+			}
+			err = s.store.PlaceSandboxes(ctx, chunk)
 		}
-		if err := s.store.CreateSandboxes(ctx, chunk); err != nil {
-			s.log.Warn("batch: record sandboxes", "batch", b.id, "err", err)
+		if err != nil {
 			for i := lo; i < hi; i++ {
 				s.sched.Release(nodes[i], req.Resources)
-				b.items[i].State, b.items[i].Error = api.StateFailed, itemError(err)
-				s.metrics.creates.WithLabelValues(req.Backend, errdefs.Code(err)).Inc()
-				b.finish(i)
+			}
+			if !errors.Is(err, errdefs.ErrResourceExhausted) {
+				s.log.Warn("batch: place a chunk; placing its items one by one", "batch", b.id, "err", err)
 			}
 			continue
 		}
-		for j, sb := range chunk {
-			i := lo + j
-			b.recs[i] = sb
-			b.items[i].ID, b.items[i].Node, b.items[i].State = sb.API.ID, sb.API.Node, api.StateCreating
+		for i := lo; i < hi; i++ {
+			placed[i] = true
+			b.items[i].ID, b.items[i].Node, b.items[i].State = b.recs[i].API.ID, nodes[i], api.StateCreating
 		}
 	}
-
-	// Build on the nodes, a bounded number at a time on each.
-	perNode := map[string][]int{}
-	for i, node := range nodes {
-		if b.recs[i] != nil {
-			perNode[node] = append(perNode[node], i)
+	b.mu.Lock()
+	for _, ok := range placed {
+		if ok {
+			b.placed++
 		}
+	}
+	b.mu.Unlock()
+	if len(nodes) < n && perr == nil {
+		perr = noRoomErr
+	}
+
+	// Build on the nodes, a bounded number at a time on each; items the
+	// store did not take in bulk go one by one, BatchParallel at a time.
+	perNode := map[string][]int{}
+	var rest []int
+	for i := range b.items {
+		if placed[i] {
+			perNode[b.recs[i].API.Node] = append(perNode[b.recs[i].API.Node], i)
+		} else {
+			rest = append(rest, i)
+		}
+	}
+	if len(rest) > 0 {
+		perNode[""] = rest
 	}
 	var wg sync.WaitGroup
 	for _, idx := range perNode {
@@ -231,7 +256,7 @@ func (s *Server) runBatch(ctx, client context.Context, tenant string, b *batch) 
 			go func() {
 				defer wg.Done()
 				for i := range next {
-					s.buildItem(ctx, client, b, i)
+					s.buildItem(ctx, client, b, i, placed[i])
 				}
 			}()
 		}
@@ -247,29 +272,41 @@ func (s *Server) runBatch(ctx, client context.Context, tenant string, b *batch) 
 	wg.Wait()
 }
 
-// buildItem builds one recorded item of a batch, or cancels it if the
-// client has gone.
-func (s *Server) buildItem(ctx, client context.Context, b *batch, i int) {
+// noRoomErr stands for the reason the scheduler gave no node: the single
+// path then finds it again for each item.
+var noRoomErr = fmt.Errorf("no node has room: %w", errdefs.ErrResourceExhausted)
+
+// buildItem builds one item of a batch (placed says the store already
+// charged its record), or cancels it if the client has gone. A node that
+// refuses it is skipped for another, as for a single create.
+func (s *Server) buildItem(ctx, client context.Context, b *batch, i int, placed bool) {
 	sb := b.recs[i]
 	defer b.finish(i)
 	if client.Err() != nil {
 		err := fmt.Errorf("batch cancelled: the client disconnected: %w", errdefs.ErrUnavailable)
-		now := time.Now().UTC()
-		sb.API.State, sb.API.Error, sb.DeletedAt = api.StateFailed, err.Error(), &now
-		if uerr := s.store.UpdateSandbox(ctx, sb); uerr != nil {
-			s.log.Warn("batch: record cancelled item", "sandbox", sb.API.ID, "err", uerr)
+		if placed {
+			s.recordFailed(ctx, sb, err)
+			s.sched.Release(sb.API.Node, b.p.req.Resources)
 		}
-		s.sched.Release(sb.API.Node, b.p.req.Resources)
 		b.items[i].State, b.items[i].Error = api.StateFailed, itemError(err)
+		s.metrics.creates.WithLabelValues(b.p.req.Backend, errdefs.Code(err)).Inc()
 		return
 	}
+	start := time.Now()
 	cctx, cancel := context.WithTimeout(ctx, createTimeout)
 	defer cancel()
-	if err := s.build(cctx, sb, b.p); err != nil {
+	err := s.placeAndBuild(cctx, sb, b.p, placed)
+	if sb.API.ID != "" && sb.Version > 0 {
+		b.items[i].ID, b.items[i].Node = sb.API.ID, sb.API.Node
+	}
+	if err != nil {
 		b.items[i].State, b.items[i].Error = api.StateFailed, itemError(err)
+		s.metrics.creates.WithLabelValues(b.p.req.Backend, errdefs.Code(err)).Inc()
 		return
 	}
 	b.items[i].State = api.StateRunning
+	s.metrics.creates.WithLabelValues(b.p.req.Backend, "ok").Inc()
+	s.metrics.createDur.Observe(time.Since(start).Seconds())
 }
 
 // destroyBatch destroys every sandbox a batch built, a bounded number at a

@@ -95,6 +95,7 @@ func (s *Server) createLayer(w http.ResponseWriter, r *http.Request) error {
 		Tenant: p.Tenant, Name: name, Tag: tag, Digest: d.Digest, Kind: kind, Size: d.Size,
 		Public: public, CreatedAt: time.Now().UTC(),
 	}
+	defer s.layers.forget()
 	if err := s.store.PutLayer(r.Context(), l); err != nil {
 		return err
 	}
@@ -164,6 +165,7 @@ func (s *Server) EnsureDefaultBase(ctx context.Context, busybox string) error {
 		return fmt.Errorf("default base: %w", err)
 	}
 	s.log.Info("created default base layer base:minimal", "digest", img.Digest)
+	defer s.layers.forget()
 	return s.store.PutLayer(ctx, store.Layer{
 		Tenant: AdminTenant, Name: "base", Tag: "minimal", Digest: img.Digest, Kind: api.KindBase,
 		Size: img.Size, Public: true, CreatedAt: time.Now().UTC(),

@@ -16,7 +16,6 @@ import (
 	"github.com/dsec-project/dsec/internal/errdefs"
 	"github.com/dsec-project/dsec/internal/httpapi"
 	"github.com/dsec-project/dsec/internal/policy"
-	"github.com/dsec-project/dsec/internal/scheduler"
 	"github.com/dsec-project/dsec/internal/store"
 )
 
@@ -46,7 +45,7 @@ func (s *Server) validate(ctx context.Context, tenant string, req api.CreateSand
 	default:
 		return plan{}, errdefs.Invalid("unknown backend %q (want container, fncall, microvm or fullvm)", req.Backend)
 	}
-	if !s.nodes.backends()[nodeBackend(req.Backend)] {
+	if !s.nodes.offers(nodeBackend(req.Backend)) {
 		return plan{}, errdefs.Invalid("backend %q is not offered by any node of this cluster", req.Backend)
 	}
 	var digests []string
@@ -69,7 +68,7 @@ func (s *Server) validate(ctx context.Context, tenant string, req api.CreateSand
 		if l.ref == "" {
 			continue
 		}
-		lay, err := s.resolveLayer(ctx, tenant, l.ref)
+		lay, err := s.cachedLayer(ctx, tenant, l.ref)
 		if err != nil {
 			return plan{}, err
 		}
@@ -142,92 +141,6 @@ func (s *Server) fillResources(r *api.Resources) error {
 	case r.Pids < 16 || r.Pids > 1<<22:
 		return errdefs.Invalid("resources.pids must be between 16 and %d", 1<<22)
 	}
-	return nil
-}
-
-// create places and builds one sandbox and records it. Every create takes
-// this path or, for batches, the same newRecord and build steps.
-func (s *Server) create(ctx context.Context, tenant string, p plan) (store.Sandbox, error) {
-	req := p.req
-	nodeID, err := s.sched.Reserve(scheduler.Request{Backend: nodeBackend(req.Backend), Resources: req.Resources})
-	if err != nil {
-		s.metrics.creates.WithLabelValues(req.Backend, errdefs.Code(err)).Inc()
-		return store.Sandbox{}, err
-	}
-	sb := s.newRecord(tenant, p, nodeID, time.Now().UTC())
-	if err := s.store.CreateSandbox(ctx, &sb); err != nil {
-		s.sched.Release(nodeID, req.Resources)
-		s.metrics.creates.WithLabelValues(req.Backend, errdefs.Code(err)).Inc()
-		return store.Sandbox{}, err
-	}
-	if err := s.build(ctx, &sb, p); err != nil {
-		return store.Sandbox{}, err
-	}
-	return sb, nil
-}
-
-// newRecord is the record, in state creating, of a sandbox placed on
-// nodeID.
-func (s *Server) newRecord(tenant string, p plan, nodeID string, now time.Time) store.Sandbox {
-	req := p.req
-	ttl := time.Duration(req.TTLSeconds) * time.Second
-	if ttl == 0 {
-		ttl = s.cfg.DefaultTTL
-	}
-	expires := now.Add(ttl)
-	idle := req.IdleTimeoutSeconds
-	if idle == 0 {
-		idle = int64(s.cfg.DefaultIdleTimeout / time.Second)
-	}
-	return store.Sandbox{
-		API: api.Sandbox{
-			ID: "sb-" + randomID(10), Backend: req.Backend, State: api.StateCreating, Node: nodeID,
-			Layers: *req.Layers, Snapshot: req.Snapshot, Resources: req.Resources, Network: *req.Network, Phase: req.Phase,
-			Phases: req.Phases, Profile: req.Profile,
-			Labels: req.Labels, Env: req.Env, CreatedAt: now, ExpiresAt: &expires,
-			TTLSeconds: int64(ttl / time.Second), IdleTimeoutSeconds: idle,
-		},
-		Tenant: tenant, LayerDigests: p.digests, LastActive: now,
-	}
-}
-
-// build has the node of a recorded, placed sandbox build it, and records
-// the outcome: running, or failed with the reason and its reservation
-// released.
-func (s *Server) build(ctx context.Context, sb *store.Sandbox, p plan) error {
-	start := time.Now()
-	req := p.req
-	fail := func(err error) error {
-		s.sched.Release(sb.API.Node, req.Resources)
-		s.metrics.creates.WithLabelValues(req.Backend, errdefs.Code(err)).Inc()
-		return err
-	}
-	n, err := s.nodes.get(sb.API.Node)
-	if err == nil {
-		net, files := policy.Effective(*req.Network, req.Phases, req.Phase)
-		_, err = n.client.Create(ctx, edge.CreateRequest{
-			ID: sb.API.ID, Backend: nodeBackend(req.Backend), Layers: p.digests, Resources: req.Resources,
-			Network: net, Files: files, NeedsNetwork: policy.NeedsNetwork(*req.Network, req.Phases),
-			Env: req.Env, Phase: req.Phase,
-		})
-	}
-	if err != nil {
-		s.log.Warn("create failed", "sandbox", sb.API.ID, "node", sb.API.Node, "tenant", sb.Tenant, "err", err)
-		now := time.Now().UTC()
-		sb.API.State, sb.API.Error, sb.DeletedAt = api.StateFailed, err.Error(), &now
-		if uerr := s.store.UpdateSandbox(context.WithoutCancel(ctx), sb); uerr != nil {
-			s.log.Error("record failed create", "sandbox", sb.API.ID, "err", uerr)
-		}
-		return fail(err)
-	}
-	sb.API.State = api.StateRunning
-	if err := s.store.UpdateSandbox(ctx, sb); err != nil {
-		// The node has it but we could not record it: undo, or it leaks.
-		n.client.Destroy(context.WithoutCancel(ctx), sb.API.ID)
-		return fail(err)
-	}
-	s.metrics.creates.WithLabelValues(req.Backend, "ok").Inc()
-	s.metrics.createDur.Observe(time.Since(start).Seconds())
 	return nil
 }
 
@@ -461,60 +374,4 @@ func (s *Server) lifecycle(w http.ResponseWriter, r *http.Request, from []string
 func runsOn(ctx context.Context, c *edge.Client, id string) bool {
 	st, err := c.Get(ctx, id)
 	return err == nil && st.State == api.StateRunning
-}
-
-// reconcile makes the records of a node's sandboxes agree with what the
-// node runs: live records of sandboxes the node lost become failed,
-// in-flight creates the node completed become running, and sandboxes the
-// node runs without a live record are destroyed.
-func (s *Server) reconcile(ctx context.Context, nodeID string, c *edge.Client) error {
-	running, err := c.List(ctx)
-	if err != nil {
-		return fmt.Errorf("reconcile node %s: %w", nodeID, err)
-	}
-	onNode := map[string]bool{}
-	for _, st := range running {
-		onNode[st.ID] = true
-	}
-	records, _, err := s.store.ListSandboxes(ctx, store.SandboxFilter{
-		AllTenants: true, Node: nodeID,
-		States: []string{api.StateCreating, api.StateRunning, api.StatePaused},
-	})
-	if err != nil {
-		return fmt.Errorf("reconcile node %s: %w", nodeID, err)
-	}
-	live := map[string]bool{}
-	for _, sb := range records {
-		if onNode[sb.API.ID] {
-			live[sb.API.ID] = true
-			// A create the node finished is running; so is a paused
-			// sandbox the node had to start again (its host rebooted), or
-			// resume would fail on it.
-			if sb.API.State == api.StateCreating || (sb.API.State == api.StatePaused && runsOn(ctx, c, sb.API.ID)) {
-				sb.API.State = api.StateRunning
-				if err := s.store.UpdateSandbox(ctx, &sb); err != nil {
-					return err
-				}
-			}
-			s.sched.Charge(nodeID, sb.API.Resources)
-			continue
-		}
-		now := time.Now().UTC()
-		sb.API.State, sb.API.Error, sb.DeletedAt = api.StateFailed, "the node no longer runs this sandbox", &now
-		if err := s.store.UpdateSandbox(ctx, &sb); err != nil {
-			return err
-		}
-		s.forget(sb.API.ID)
-		s.log.Warn("reconcile: sandbox missing on its node", "sandbox", sb.API.ID, "node", nodeID)
-	}
-	for id := range onNode {
-		if live[id] {
-			continue
-		}
-		s.log.Info("reconcile: destroying orphan sandbox", "sandbox", id, "node", nodeID)
-		if err := c.Destroy(ctx, id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-			s.log.Warn("reconcile: destroy orphan", "sandbox", id, "err", err)
-		}
-	}
-	return nil
 }

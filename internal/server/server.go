@@ -27,6 +27,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/edge"
 	"github.com/dsec-project/dsec/internal/errdefs"
 	"github.com/dsec-project/dsec/internal/fncall"
 	"github.com/dsec-project/dsec/internal/httpapi"
@@ -69,7 +70,20 @@ type Config struct {
 	// Profiles are named sets of policy phases a create can refer to;
 	// DefaultProfiles are always offered.
 	Profiles map[string]api.Profile
-	Logger   *slog.Logger
+	// ClusterToken authenticates nodes joining and heartbeating over HTTP
+	// (POST /v1/cluster/heartbeat); empty, no node can join that way.
+	ClusterToken string
+	// NodeTimeout is how long a node may go unheard before it is declared
+	// down and its sandboxes lost; 10 s by default.
+	NodeTimeout time.Duration
+	// SyncInterval is how often this replica re-reads the nodes from the
+	// store and looks for silent ones; 1 s by default.
+	SyncInterval time.Duration
+	// NewNodeClient makes the client of a node's edge API; edge.NewClient
+	// by default (the cluster benchmark reaches its simulated nodes
+	// in-process).
+	NewNodeClient func(addr, token string) (*edge.Client, error)
+	Logger        *slog.Logger
 }
 
 // Server is the control plane.
@@ -82,6 +96,7 @@ type Server struct {
 	metrics *metrics
 	nodes   *registry
 	fncall  *fncall.Manager
+	layers  layerCache
 
 	acts  *activity
 	steps *steps
@@ -122,6 +137,15 @@ func New(cfg Config) *Server {
 	profiles := DefaultProfiles()
 	maps.Copy(profiles, cfg.Profiles)
 	cfg.Profiles = profiles
+	if cfg.NodeTimeout == 0 {
+		cfg.NodeTimeout = 10 * time.Second
+	}
+	if cfg.SyncInterval == 0 {
+		cfg.SyncInterval = time.Second
+	}
+	if cfg.NewNodeClient == nil {
+		cfg.NewNodeClient = edge.NewClient
+	}
 	s := &Server{
 		cfg:     cfg,
 		store:   cfg.Store,
@@ -138,6 +162,9 @@ func New(cfg Config) *Server {
 	}
 	s.fncall = fncall.New(cfg.FnCall, poolRuntime{s})
 	s.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "dsec_cluster_utilisation", Help: "Utilisation of the regular (non-burst) nodes, 0..1.",
+	}, s.sched.Utilisation))
+	s.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "dsec_sandboxes_live", Help: "Sandboxes placed on nodes.",
 	}, func() float64 {
 		n := 0
@@ -149,10 +176,13 @@ func New(cfg Config) *Server {
 	return s
 }
 
-// Run reaps expired and idle sandboxes, keeps the activity of busy ones
+// Run keeps the view of the nodes current (and declares silent ones down),
+// reaps expired and idle sandboxes, keeps the activity of busy ones
 // current in the store, purges old records and trajectories, and resizes
 // the FnCall pools, until ctx ends. Call it after the nodes are added.
 func (s *Server) Run(ctx context.Context) {
+	s.syncNodes(ctx, true)
+	go s.runNodeSync(ctx)
 	s.destroyStalePools(ctx)
 	go s.fncall.Run(ctx)
 	tick := time.NewTicker(s.cfg.ReapInterval)
@@ -232,10 +262,18 @@ func (s *Server) Handler() http.Handler {
 	admin("POST /v1/tenants/{id}/keys", s.createKey)
 	admin("GET /v1/tenants/{id}/keys", s.listKeys)
 	admin("DELETE /v1/keys/{id}", s.deleteKey)
+	admin("GET /v1/tenants/{id}", s.getTenant)
+	admin("PUT /v1/tenants/{id}/quota", s.setQuota)
 	admin("GET /v1/nodes", s.listNodes)
+	admin("GET /v1/nodes/{id}", s.getNode)
+	admin("POST /v1/nodes/{id}/drain", s.drainNode)
+	admin("POST /v1/nodes/{id}/undrain", s.undrainNode)
+
+	// Nodes authenticate with the cluster token, not an API key.
+	mux.Handle("POST /v1/cluster/heartbeat", s.instrument("POST /v1/cluster/heartbeat", s.heartbeat))
 
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		httpapi.WriteJSON(w, http.StatusOK, map[string]any{"ok": true, "nodes": len(s.nodes.list())})
+		httpapi.WriteJSON(w, http.StatusOK, map[string]any{"ok": true, "nodes": s.nodes.count()})
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
 	mux.Handle("/", s.instrument("unmatched", func(w http.ResponseWriter, r *http.Request) {

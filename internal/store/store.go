@@ -1,13 +1,18 @@
 // Package store defines the control plane's durable state: tenants, API
-// keys, layers, sandboxes and nodes. Implementations live in sub-packages
-// (sqlite, the embedded default) and all run the behaviour suite in
-// storetest. A Store must never hold sandbox runtime state (that lives on
-// the nodes) and must never see a plaintext API key.
+// keys, layers, sandboxes, nodes, and what is charged to each node and
+// tenant. Implementations live in sub-packages (sqlite, the embedded
+// default; postgres, for several control-plane replicas) and all run the
+// behaviour suite in storetest. The charges are the cluster's authoritative
+// reservations: a store must never let a node's allocation pass its limit
+// nor a tenant's usage pass its quota, whichever replica asks. A Store must
+// never hold sandbox runtime state (that lives on the nodes) and must never
+// see a plaintext API key.
 package store
 
 import (
 	"context"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/dsec-project/dsec/api"
@@ -36,24 +41,63 @@ type Store interface {
 	// ListLayers lists the tenant's layers and the public ones.
 	ListLayers(ctx context.Context, tenant string) ([]Layer, error)
 
-	// CreateSandbox inserts a record and sets its Version.
+	// CreateSandbox inserts a record and sets its Version. It charges
+	// nothing: sandboxes being placed go through PlaceSandboxes.
 	CreateSandbox(ctx context.Context, s *Sandbox) error
 	// CreateSandboxes inserts many records in one transaction, all or none,
-	// and sets their Versions: the bulk path of a batch create.
+	// and sets their Versions. Like CreateSandbox it charges nothing.
 	CreateSandboxes(ctx context.Context, list []*Sandbox) error
+	// PlaceSandboxes inserts the records of sandboxes being placed and, in
+	// the same transaction, charges each one's resources to its node
+	// (API.Node) and to its tenant. All or nothing: if a node is unknown,
+	// down or draining, or would go over its Limit, or a tenant over its
+	// quota, nothing is written and the error is a *PlaceError. It sets
+	// each record's Version.
+	PlaceSandboxes(ctx context.Context, sbs []*Sandbox) error
+	// MoveSandbox moves a charged record to another node (after the first
+	// refused to build it): in one transaction the charge leaves the old
+	// node and lands on the new one, under the same conditions as
+	// PlaceSandboxes, and the record is rewritten with API.Node = node. The
+	// record's Version must be current.
+	MoveSandbox(ctx context.Context, s *Sandbox, node string) error
 	GetSandbox(ctx context.Context, id string) (Sandbox, error)
 	// UpdateSandbox replaces a sandbox's record if its Version is still the
 	// stored one, and bumps Version. It fails with ErrNotFound if the
 	// record does not exist and ErrConflict if it changed since it was read.
+	// An update that sets DeletedAt (failed, deleted) releases, in the same
+	// transaction, what the record was charged.
 	UpdateSandbox(ctx context.Context, s *Sandbox) error
+	// MarkSandboxesLost sets every creating, running and paused sandbox of
+	// a node to lost (bumping their Versions) and returns how many. Lost
+	// sandboxes stay charged: their node may come back.
+	MarkSandboxesLost(ctx context.Context, node string) (int, error)
 	// TouchSandbox records that a sandbox was used at t.
 	TouchSandbox(ctx context.Context, id string, t time.Time) error
 	ListSandboxes(ctx context.Context, f SandboxFilter) ([]Sandbox, string, error)
 	// PurgeSandboxes removes records of sandboxes deleted before t.
 	PurgeSandboxes(ctx context.Context, deletedBefore time.Time) (int, error)
 
+	// SetQuota sets a tenant's quota (zero fields: unlimited).
+	SetQuota(ctx context.Context, tenant string, q Quota) error
+	// Usage reports what a tenant's live sandboxes hold, and its quota.
+	Usage(ctx context.Context, tenant string) (Usage, error)
+
+	// UpsertNode records a node or updates its description (address,
+	// token, capacity, limit, backends, labels, load, last seen; Layers
+	// only when not nil). A new node starts with n.State and n.Drain; an
+	// existing node keeps its state, drain flag and allocation, which only
+	// SetNodeState, SetNodeDrain and the sandbox methods change.
 	UpsertNode(ctx context.Context, n Node) error
+	GetNode(ctx context.Context, id string) (Node, error)
 	ListNodes(ctx context.Context) ([]Node, error)
+	// SetNodeState moves a node to state if it is in one of the states from
+	// and, when seenBefore is not zero, was last seen before it. It reports
+	// whether it changed the node, so that of several replicas exactly one
+	// acts on a transition.
+	SetNodeState(ctx context.Context, id string, from []string, state string, seenBefore time.Time) (bool, error)
+	// SetNodeDrain sets or clears a node's drain flag: a draining node takes
+	// no new sandboxes.
+	SetNodeDrain(ctx context.Context, id string, drain bool) error
 
 	// The trajectory log (see Step). Steps are keyed by tenant, trajectory
 	// and step number. BeginStep and FinishStep are durable when they
@@ -151,14 +195,36 @@ type SandboxFilter struct {
 	PageToken string
 }
 
+// Node states in the store. Draining is a separate flag (Node.Drain), so
+// that a draining node that goes down comes back draining.
+const (
+	NodeUp   = "up"
+	NodeDown = "down"
+)
+
 // Node is a machine registered with the control plane.
 type Node struct {
-	ID        string
-	Addr      string
-	State     string
-	Capacity  api.Resources
+	ID   string
+	Addr string
+	// Token is the bearer token the control plane sends to the node's edge
+	// API. Whoever reads the store can drive the nodes.
+	Token    string `json:",omitempty"`
+	State    string
+	Drain    bool
+	Capacity api.Resources
+	// Limit is the most that may be charged to the node: its memory, its
+	// CPU times the overcommit factor, its pids. Zero fields are unlimited
+	// except memory, which is always a hard limit.
+	Limit api.Resources
+	// Allocated and Sandboxes are what the node's charged sandboxes hold;
+	// the store maintains them and ignores them in UpsertNode.
+	Allocated api.Resources
+	Sandboxes int
 	Backends  []string
 	Labels    map[string]string
+	Load      api.NodeLoad
+	// Layers are the digests of the layers the node has cached.
+	Layers    []string
 	LastSeen  time.Time
 	CreatedAt time.Time
 }
@@ -183,4 +249,73 @@ type Step struct {
 	ExitCode   *int
 	StartedAt  time.Time
 	RecordedAt *time.Time
+}
+
+// Quota bounds what a tenant's live sandboxes may hold; zero is unlimited.
+type Quota struct {
+	Sandboxes int64
+	CPU       float64
+	MemoryMB  int64
+}
+
+// Usage is what a tenant's live sandboxes hold, and its quota.
+type Usage struct {
+	Quota     Quota
+	Sandboxes int64
+	CPU       float64
+	MemoryMB  int64
+}
+
+// The reasons a placement is refused; both are resource exhaustion.
+var (
+	ErrNodeFull      = fmt.Errorf("node cannot take it: %w", errdefs.ErrResourceExhausted)
+	ErrQuotaExceeded = fmt.Errorf("tenant quota exceeded: %w", errdefs.ErrResourceExhausted)
+)
+
+// PlaceError says which node (ErrNodeFull) or tenant (ErrQuotaExceeded)
+// refused a placement.
+type PlaceError struct {
+	Node   string
+	Tenant string
+	Err    error
+}
+
+func (e *PlaceError) Error() string {
+	if e.Node != "" {
+		return fmt.Sprintf("node %s: %v", e.Node, e.Err)
+	}
+	return fmt.Sprintf("tenant %s: %v", e.Tenant, e.Err)
+}
+
+func (e *PlaceError) Unwrap() error { return e.Err }
+
+// MilliCPU is how stores count CPU: integer millicores, so that sums of
+// charges and releases stay exact.
+func MilliCPU(cpu float64) int64 { return int64(math.Round(cpu * 1000)) }
+
+// Live reports whether a sandbox in state holds resources on its node.
+func Live(state string) bool {
+	switch state {
+	case api.StateCreating, api.StateRunning, api.StatePaused, api.StateLost:
+		return true
+	}
+	return false
+}
+
+// Charge is what sandboxes hold, in the units stores count in.
+type Charge struct {
+	MilliCPU, MemoryMB, Pids, Sandboxes int64
+}
+
+// ChargeOf is one sandbox's charge.
+func ChargeOf(r api.Resources) Charge {
+	return Charge{MilliCPU: MilliCPU(r.CPU), MemoryMB: r.MemoryMB, Pids: r.Pids, Sandboxes: 1}
+}
+
+// Add adds o to c.
+func (c *Charge) Add(o Charge) {
+	c.MilliCPU += o.MilliCPU
+	c.MemoryMB += o.MemoryMB
+	c.Pids += o.Pids
+	c.Sandboxes += o.Sandboxes
 }

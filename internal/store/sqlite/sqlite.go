@@ -1,18 +1,17 @@
 // Package sqlite is the embedded control-plane store: one SQLite database
 // file in the data directory, through the pure-Go modernc.org/sqlite driver
 // (no cgo). Writes go through a single connection, reads through a small
-// pool, in WAL mode. It must never be shared by two server processes; use
-// a PostgreSQL store for several replicas.
+// pool, in WAL mode; the hot writes (sandbox records and their charges) are
+// group-committed: concurrent callers' writes share one transaction, each
+// in its own savepoint (see writer.go). It must never be shared by two
+// server processes; use the PostgreSQL store for several replicas.
 package sqlite
 
 import (
 	"context"
 	"database/sql"
-	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"regexp"
 	"strings"
 	"time"
 
@@ -26,6 +25,9 @@ import (
 type Store struct {
 	w *sql.DB // one connection: SQLite has one writer
 	r *sql.DB
+	writer
+	// reads are the hot read statements, prepared on r.
+	reads map[string]*sql.Stmt
 }
 
 var _ store.Store = (*Store)(nil)
@@ -45,16 +47,43 @@ func Open(ctx context.Context, path string) (*Store, error) {
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
 	r.SetMaxOpenConns(4)
+	r.SetMaxIdleConns(4)
 	s := &Store{w: w, r: r}
 	if err := s.migrate(ctx); err != nil {
+		s.r.Close()
+		s.w.Close()
+		return nil, err
+	}
+	if err := s.writer.start(ctx, w); err != nil {
 		s.Close()
 		return nil, err
+	}
+	s.reads = map[string]*sql.Stmt{}
+	for _, q := range []string{getSandboxQuery, getKeyQuery, getLayerQuery} {
+		st, err := r.PrepareContext(ctx, q)
+		if err != nil {
+			s.Close()
+			return nil, fmt.Errorf("prepare %q: %w", q, err)
+		}
+		s.reads[q] = st
 	}
 	return s, nil
 }
 
-// Close closes the database.
+// readRow runs a hot read.
+func (s *Store) readRow(ctx context.Context, q string, args ...any) *sql.Row {
+	if st, ok := s.reads[q]; ok {
+		return st.QueryRowContext(ctx, args...)
+	}
+	return s.r.QueryRowContext(ctx, q, args...)
+}
+
+// Close waits for pending writes and closes the database.
 func (s *Store) Close() error {
+	s.writer.stop()
+	for _, st := range s.reads {
+		st.Close()
+	}
 	return errors.Join(s.r.Close(), s.w.Close())
 }
 
@@ -121,6 +150,51 @@ var migrations = []string{
 	);`,
 	// 3: a snapshot layer's parent stack: digests, base first, space-separated.
 	`ALTER TABLE layers ADD COLUMN parents TEXT NOT NULL DEFAULT '';`,
+	// 4: charges. A placed sandbox's resources are charged to its node and
+	// its tenant until its record ends; nodes carry their state, limits
+	// and allocation in columns so that a conditional UPDATE can reserve.
+	`ALTER TABLE sandboxes ADD COLUMN mcpu INTEGER NOT NULL DEFAULT 0;
+	ALTER TABLE sandboxes ADD COLUMN memory_mb INTEGER NOT NULL DEFAULT 0;
+	ALTER TABLE sandboxes ADD COLUMN pids INTEGER NOT NULL DEFAULT 0;
+	ALTER TABLE sandboxes ADD COLUMN charged INTEGER NOT NULL DEFAULT 0;
+	UPDATE sandboxes SET
+		mcpu = CAST(ROUND(COALESCE(json_extract(doc, '$.API.resources.cpu'), 0) * 1000) AS INTEGER),
+		memory_mb = COALESCE(json_extract(doc, '$.API.resources.memory_mb'), 0),
+		pids = COALESCE(json_extract(doc, '$.API.resources.pids'), 0),
+		charged = (deleted_at IS NULL);
+	CREATE TABLE nodes2 (
+		id TEXT PRIMARY KEY,
+		doc TEXT NOT NULL,
+		state TEXT NOT NULL,
+		drain INTEGER NOT NULL DEFAULT 0,
+		last_seen INTEGER NOT NULL DEFAULT 0,
+		limit_mcpu INTEGER NOT NULL DEFAULT 0,
+		limit_memory_mb INTEGER NOT NULL DEFAULT 0,
+		limit_pids INTEGER NOT NULL DEFAULT 0,
+		alloc_mcpu INTEGER NOT NULL DEFAULT 0,
+		alloc_memory_mb INTEGER NOT NULL DEFAULT 0,
+		alloc_pids INTEGER NOT NULL DEFAULT 0,
+		sandboxes INTEGER NOT NULL DEFAULT 0
+	);
+	INSERT INTO nodes2 (id, doc, state) SELECT id, doc, 'down' FROM nodes;
+	DROP TABLE nodes;
+	ALTER TABLE nodes2 RENAME TO nodes;
+	UPDATE nodes SET
+		alloc_mcpu = (SELECT COALESCE(SUM(mcpu), 0) FROM sandboxes s WHERE s.node = nodes.id AND s.charged = 1),
+		alloc_memory_mb = (SELECT COALESCE(SUM(memory_mb), 0) FROM sandboxes s WHERE s.node = nodes.id AND s.charged = 1),
+		alloc_pids = (SELECT COALESCE(SUM(pids), 0) FROM sandboxes s WHERE s.node = nodes.id AND s.charged = 1),
+		sandboxes = (SELECT COUNT(*) FROM sandboxes s WHERE s.node = nodes.id AND s.charged = 1);
+	CREATE TABLE tenant_usage (
+		tenant TEXT PRIMARY KEY,
+		max_sandboxes INTEGER NOT NULL DEFAULT 0,
+		max_mcpu INTEGER NOT NULL DEFAULT 0,
+		max_memory_mb INTEGER NOT NULL DEFAULT 0,
+		sandboxes INTEGER NOT NULL DEFAULT 0,
+		mcpu INTEGER NOT NULL DEFAULT 0,
+		memory_mb INTEGER NOT NULL DEFAULT 0
+	);
+	INSERT INTO tenant_usage (tenant, sandboxes, mcpu, memory_mb)
+		SELECT tenant, COUNT(*), SUM(mcpu), SUM(memory_mb) FROM sandboxes WHERE charged = 1 GROUP BY tenant;`,
 }
 
 func (s *Store) migrate(ctx context.Context) error {
@@ -240,9 +314,11 @@ func scanKey(sc interface{ Scan(...any) error }) (store.Key, error) {
 	return k, err
 }
 
+const getKeyQuery = `SELECT ` + keyCols + ` FROM api_keys WHERE id = ?`
+
 // GetKey implements store.Store.
 func (s *Store) GetKey(ctx context.Context, id string) (store.Key, error) {
-	k, err := scanKey(s.r.QueryRowContext(ctx, `SELECT `+keyCols+` FROM api_keys WHERE id = ?`, id))
+	k, err := scanKey(s.readRow(ctx, getKeyQuery, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return k, errdefs.NotFound("key %s", id)
 	}
@@ -308,12 +384,13 @@ func scanLayer(sc interface{ Scan(...any) error }) (store.Layer, error) {
 	return l, err
 }
 
+const getLayerQuery = `SELECT ` + layerCols + ` FROM layers
+	WHERE name = ? AND tag = ? AND (tenant = ? OR public) ORDER BY tenant = ? DESC LIMIT 1`
+
 // GetLayer implements store.Store. The tenant's own layer wins over a
 // public one of the same name.
 func (s *Store) GetLayer(ctx context.Context, tenant, name, tag string) (store.Layer, error) {
-	l, err := scanLayer(s.r.QueryRowContext(ctx, `SELECT `+layerCols+` FROM layers
-		WHERE name = ? AND tag = ? AND (tenant = ? OR public)
-		ORDER BY tenant = ? DESC LIMIT 1`, name, tag, tenant, tenant))
+	l, err := scanLayer(s.readRow(ctx, getLayerQuery, name, tag, tenant, tenant))
 	if errors.Is(err, sql.ErrNoRows) {
 		return l, errdefs.NotFound("layer %s:%s", name, tag)
 	}
@@ -352,265 +429,6 @@ func (s *Store) ListLayers(ctx context.Context, tenant string) ([]store.Layer, e
 			return nil, fmt.Errorf("list layers: %w", err)
 		}
 		out = append(out, l)
-	}
-	return out, rows.Err()
-}
-
-func sandboxArgs(sb *store.Sandbox) ([]any, error) {
-	doc, err := json.Marshal(sb)
-	if err != nil {
-		return nil, fmt.Errorf("encode sandbox: %w", err)
-	}
-	var expires, deleted any
-	if sb.API.ExpiresAt != nil {
-		expires = nanos(*sb.API.ExpiresAt)
-	}
-	if sb.DeletedAt != nil {
-		deleted = nanos(*sb.DeletedAt)
-	}
-	idle := sb.API.IdleTimeoutSeconds * int64(time.Second)
-	return []any{sb.Tenant, sb.API.State, sb.API.Node, expires, deleted, nanos(sb.LastActive), idle, string(doc), sb.API.ID}, nil
-}
-
-// insertSandbox takes sandboxArgs.
-const insertSandbox = `INSERT INTO sandboxes (tenant, state, node, expires_at, deleted_at,
-	last_active, idle_timeout, doc, id, version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 1)`
-
-// CreateSandbox implements store.Store.
-func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
-	args, err := sandboxArgs(sb)
-	if err != nil {
-		return err
-	}
-	_, err = s.w.ExecContext(ctx, insertSandbox, args...)
-	if isUnique(err) {
-		return fmt.Errorf("sandbox %s: %w", sb.API.ID, errdefs.ErrAlreadyExists)
-	}
-	if err != nil {
-		return fmt.Errorf("create sandbox: %w", err)
-	}
-	sb.Version = 1
-	return nil
-}
-
-// CreateSandboxes implements store.Store: one transaction, one prepared
-// statement.
-func (s *Store) CreateSandboxes(ctx context.Context, list []*store.Sandbox) error {
-	if len(list) == 0 {
-		return nil
-	}
-	tx, err := s.w.BeginTx(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("create sandboxes: %w", err)
-	}
-	defer tx.Rollback()
-	stmt, err := tx.PrepareContext(ctx, insertSandbox)
-	if err != nil {
-		return fmt.Errorf("create sandboxes: %w", err)
-	}
-	defer stmt.Close()
-	for _, sb := range list {
-		args, err := sandboxArgs(sb)
-		if err != nil {
-			return err
-		}
-		if _, err := stmt.ExecContext(ctx, args...); err != nil {
-			if isUnique(err) {
-				return fmt.Errorf("sandbox %s: %w", sb.API.ID, errdefs.ErrAlreadyExists)
-			}
-			return fmt.Errorf("create sandboxes: %w", err)
-		}
-	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("create sandboxes: %w", err)
-	}
-	for _, sb := range list {
-		sb.Version = 1
-	}
-	return nil
-}
-
-// GetSandbox implements store.Store.
-func (s *Store) GetSandbox(ctx context.Context, id string) (store.Sandbox, error) {
-	sb, err := scanSandbox(s.r.QueryRowContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE id = ?`, id))
-	if errors.Is(err, sql.ErrNoRows) {
-		return store.Sandbox{}, errdefs.NotFound("sandbox %s", id)
-	}
-	if err != nil {
-		return store.Sandbox{}, fmt.Errorf("get sandbox: %w", err)
-	}
-	return sb, nil
-}
-
-const sandboxCols = `doc, last_active, version`
-
-func scanSandbox(sc interface{ Scan(...any) error }) (store.Sandbox, error) {
-	var sb store.Sandbox
-	var doc string
-	var active int64
-	if err := sc.Scan(&doc, &active, &sb.Version); err != nil {
-		return sb, err
-	}
-	if err := json.Unmarshal([]byte(doc), &sb); err != nil {
-		return sb, fmt.Errorf("decode sandbox: %w", err)
-	}
-	sb.LastActive = fromNanos(active)
-	return sb, nil
-}
-
-// UpdateSandbox implements store.Store.
-func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
-	args, err := sandboxArgs(sb)
-	if err != nil {
-		return err
-	}
-	res, err := s.w.ExecContext(ctx, `UPDATE sandboxes SET tenant = ?, state = ?, node = ?, expires_at = ?,
-		deleted_at = ?, last_active = ?, idle_timeout = ?, doc = ?, version = version + 1 WHERE id = ? AND version = ?`,
-		append(args, sb.Version)...)
-	if err != nil {
-		return fmt.Errorf("update sandbox: %w", err)
-	}
-	if n, _ := res.RowsAffected(); n == 1 {
-		sb.Version++
-		return nil
-	}
-	var exists bool
-	if err := s.w.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM sandboxes WHERE id = ?)`, sb.API.ID).Scan(&exists); err != nil {
-		return fmt.Errorf("update sandbox: %w", err)
-	}
-	if !exists {
-		return errdefs.NotFound("sandbox %s", sb.API.ID)
-	}
-	return fmt.Errorf("update sandbox %s: %w", sb.API.ID, store.ErrConflict)
-}
-
-// TouchSandbox implements store.Store.
-func (s *Store) TouchSandbox(ctx context.Context, id string, t time.Time) error {
-	if _, err := s.w.ExecContext(ctx, `UPDATE sandboxes SET last_active = ? WHERE id = ?`, nanos(t), id); err != nil {
-		return fmt.Errorf("touch sandbox: %w", err)
-	}
-	return nil
-}
-
-var labelKey = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$`)
-
-// ListSandboxes implements store.Store. Pages are in id order; the page
-// token is the last id of the previous page.
-func (s *Store) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]store.Sandbox, string, error) {
-	var where []string
-	var args []any
-	if !f.AllTenants {
-		where = append(where, "tenant = ?")
-		args = append(args, f.Tenant)
-	}
-	if f.Node != "" {
-		where = append(where, "node = ?")
-		args = append(args, f.Node)
-	}
-	if len(f.States) > 0 {
-		where = append(where, "state IN (?"+strings.Repeat(",?", len(f.States)-1)+")")
-		for _, st := range f.States {
-			args = append(args, st)
-		}
-	}
-	for k, v := range f.Labels {
-		if !labelKey.MatchString(k) {
-			return nil, "", errdefs.Invalid("label key %q", k)
-		}
-		where = append(where, `json_extract(doc, '$.API.labels."`+k+`"') = ?`)
-		args = append(args, v)
-	}
-	if f.ExpiredBy != nil {
-		where = append(where, "expires_at IS NOT NULL AND expires_at <= ?")
-		args = append(args, nanos(*f.ExpiredBy))
-	}
-	if f.IdleBy != nil {
-		where = append(where, "idle_timeout > 0 AND (last_active + idle_timeout) <= ?")
-		args = append(args, nanos(*f.IdleBy))
-	}
-	if f.PageToken != "" {
-		after, err := base64.RawURLEncoding.DecodeString(f.PageToken)
-		if err != nil {
-			return nil, "", errdefs.Invalid("bad page token")
-		}
-		where = append(where, "id > ?")
-		args = append(args, string(after))
-	}
-	q := `SELECT ` + sandboxCols + ` FROM sandboxes`
-	if len(where) > 0 {
-		q += " WHERE " + strings.Join(where, " AND ")
-	}
-	q += " ORDER BY id"
-	if f.Limit > 0 {
-		q += fmt.Sprintf(" LIMIT %d", f.Limit+1)
-	}
-	rows, err := s.r.QueryContext(ctx, q, args...)
-	if err != nil {
-		return nil, "", fmt.Errorf("list sandboxes: %w", err)
-	}
-	defer rows.Close()
-	var out []store.Sandbox
-	for rows.Next() {
-		sb, err := scanSandbox(rows)
-		if err != nil {
-			return nil, "", fmt.Errorf("list sandboxes: %w", err)
-		}
-		out = append(out, sb)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, "", fmt.Errorf("list sandboxes: %w", err)
-	}
-	var next string
-	if f.Limit > 0 && len(out) > f.Limit {
-		out = out[:f.Limit]
-		next = base64.RawURLEncoding.EncodeToString([]byte(out[len(out)-1].API.ID))
-	}
-	return out, next, nil
-}
-
-// PurgeSandboxes implements store.Store.
-func (s *Store) PurgeSandboxes(ctx context.Context, deletedBefore time.Time) (int, error) {
-	res, err := s.w.ExecContext(ctx, `DELETE FROM sandboxes WHERE deleted_at IS NOT NULL AND deleted_at < ?`,
-		nanos(deletedBefore))
-	if err != nil {
-		return 0, fmt.Errorf("purge sandboxes: %w", err)
-	}
-	n, _ := res.RowsAffected()
-	return int(n), nil
-}
-
-// UpsertNode implements store.Store.
-func (s *Store) UpsertNode(ctx context.Context, n store.Node) error {
-	doc, err := json.Marshal(n)
-	if err != nil {
-		return fmt.Errorf("encode node: %w", err)
-	}
-	_, err = s.w.ExecContext(ctx, `INSERT INTO nodes (id, doc) VALUES (?, ?)
-		ON CONFLICT (id) DO UPDATE SET doc = excluded.doc`, n.ID, string(doc))
-	if err != nil {
-		return fmt.Errorf("upsert node: %w", err)
-	}
-	return nil
-}
-
-// ListNodes implements store.Store.
-func (s *Store) ListNodes(ctx context.Context) ([]store.Node, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT doc FROM nodes ORDER BY id`)
-	if err != nil {
-		return nil, fmt.Errorf("list nodes: %w", err)
-	}
-	defer rows.Close()
-	var out []store.Node
-	for rows.Next() {
-		var doc string
-		if err := rows.Scan(&doc); err != nil {
-			return nil, fmt.Errorf("list nodes: %w", err)
-		}
-		var n store.Node
-		if err := json.Unmarshal([]byte(doc), &n); err != nil {
-			return nil, fmt.Errorf("decode node: %w", err)
-		}
-		out = append(out, n)
 	}
 	return out, rows.Err()
 }

@@ -29,3 +29,16 @@ func mustOpen(t *testing.T, path string) store.Store {
 	t.Cleanup(func() { s.Close() })
 	return s
 }
+
+// Two handles on one file stand in for two processes: the charges are
+// still exact (SQLite serializes writers with its file lock).
+func TestReplicas(t *testing.T) {
+	storetest.RunReplicas(t, func(t *testing.T, n int) []store.Store {
+		path := filepath.Join(t.TempDir(), "dsec.db")
+		var out []store.Store
+		for range n {
+			out = append(out, mustOpen(t, path))
+		}
+		return out
+	})
+}

@@ -237,21 +237,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store, reopen func(t *testi
 		}
 	})
 
-	t.Run("nodes", func(t *testing.T) {
-		s := open(t)
-		n := store.Node{ID: "n1", Addr: "unix:///x", State: "up", Capacity: api.Resources{CPU: 2, MemoryMB: 1024}, LastSeen: now}
-		if err := s.UpsertNode(ctx, n); err != nil {
-			t.Fatal(err)
-		}
-		n.State = "draining"
-		if err := s.UpsertNode(ctx, n); err != nil {
-			t.Fatal(err)
-		}
-		ns, err := s.ListNodes(ctx)
-		if err != nil || len(ns) != 1 || ns[0].State != "draining" || ns[0].Capacity.MemoryMB != 1024 {
-			t.Fatalf("ListNodes = %+v, %v", ns, err)
-		}
-	})
+	runCluster(t, open)
 
 	t.Run("sandboxes: idle filter and generation", func(t *testing.T) { idle(t, open(t)) })
 	t.Run("trajectory steps", func(t *testing.T) { steps(t, open(t), reopen) })
