@@ -309,8 +309,9 @@ func (n *nodeFlags) runLocalEdge(ctx context.Context, dataDir string, layers edg
 		return nil, err
 	}
 	jc := edge.JoinConfig{Addr: "unix://" + edgeSock, Labels: labels, Interval: n.heartbeat}
-	// Register before serving, so that the first create finds the node.
-	if _, err := srv.Heartbeat(ctx, e.Heartbeat(ctx, jc, true)); err != nil {
+	// Register and reconcile before serving, so that the first create finds
+	// the node and every record says what the node runs.
+	if err := srv.JoinLocal(ctx, e.Heartbeat(ctx, jc, true)); err != nil {
 		edgeSrv.Close()
 		closeEdge()
 		return nil, err

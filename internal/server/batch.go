@@ -189,7 +189,9 @@ func (s *Server) runBatch(ctx, client context.Context, tenant string, b *batch) 
 		b.items[i].Index = i
 	}
 	sreq := schedRequest(b.p)
-	nodes, perr := s.sched.ReserveBatch(sreq, n)
+	// Items the scheduler finds no room for now take the single path below
+	// (which fails them with the reason, or finds room freed meanwhile).
+	nodes, _ := s.sched.ReserveBatch(sreq, n)
 	now := time.Now().UTC()
 	placed := make([]bool, n)
 	for i := range b.items {
@@ -230,9 +232,6 @@ func (s *Server) runBatch(ctx, client context.Context, tenant string, b *batch) 
 		}
 	}
 	b.mu.Unlock()
-	if len(nodes) < n && perr == nil {
-		perr = noRoomErr
-	}
 
 	// Build on the nodes, a bounded number at a time on each; items the
 	// store did not take in bulk go one by one, BatchParallel at a time.
@@ -271,10 +270,6 @@ func (s *Server) runBatch(ctx, client context.Context, tenant string, b *batch) 
 	}
 	wg.Wait()
 }
-
-// noRoomErr stands for the reason the scheduler gave no node: the single
-// path then finds it again for each item.
-var noRoomErr = fmt.Errorf("no node has room: %w", errdefs.ErrResourceExhausted)
 
 // buildItem builds one item of a batch (placed says the store already
 // charged its record), or cancels it if the client has gone. A node that

@@ -48,6 +48,20 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
 // sandboxes are reconciled too. It implements edge.ControlPlane, so the
 // all-in-one server's own node reports in-process.
 func (s *Server) Heartbeat(ctx context.Context, hb edge.Heartbeat) (edge.HeartbeatReply, error) {
+	return s.beat(ctx, hb, false)
+}
+
+// JoinLocal registers the node that runs in this process (the
+// all-in-one's) as its first heartbeat would, but reconciles it before
+// returning, and settles every creating record on it: no other process can
+// reach that node, so a create recorded there and not finished died with
+// the previous server.
+func (s *Server) JoinLocal(ctx context.Context, hb edge.Heartbeat) error {
+	_, err := s.beat(ctx, hb, true)
+	return err
+}
+
+func (s *Server) beat(ctx context.Context, hb edge.Heartbeat, local bool) (edge.HeartbeatReply, error) {
 	if !nodeIDRE.MatchString(hb.ID) {
 		return edge.HeartbeatReply{}, errdefs.Invalid("node id %q: want [A-Za-z0-9._-], up to 63 chars", hb.ID)
 	}
@@ -109,12 +123,16 @@ func (s *Server) Heartbeat(ctx context.Context, hb edge.Heartbeat) (edge.Heartbe
 		s.log.Info("node connected", "node", hb.ID, "addr", hb.Addr, "cpu", hb.Capacity.CPU,
 			"memory_mb", hb.Capacity.MemoryMB, "labels", hb.Labels)
 	}
-	if fresh || revived {
+	if local {
+		if err := s.reconcile(ctx, hb.ID, cur.client, true); err != nil {
+			return edge.HeartbeatReply{}, err
+		}
+	} else if fresh || revived {
 		// Reconciling waits for the node's list; the heartbeat need not.
 		go func() {
 			rctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			if err := s.reconcile(rctx, hb.ID, cur.client); err != nil {
+			if err := s.reconcile(rctx, hb.ID, cur.client, false); err != nil {
 				s.log.Warn("reconcile failed", "node", hb.ID, "err", err)
 			}
 		}()
@@ -217,10 +235,10 @@ func (s *Server) runNodeSync(ctx context.Context) {
 // reconcile makes the records of a node's sandboxes agree with what the
 // node runs: live records of sandboxes the node lost become failed, lost
 // and in-flight ones the node has become running, and sandboxes the node
-// runs without a live record are destroyed. Creates younger than
-// createTimeout are left alone: another request (or replica) may be
-// placing them right now.
-func (s *Server) reconcile(ctx context.Context, nodeID string, c *edge.Client) error {
+// runs without a live record are destroyed. Unless all is set, creates
+// younger than createTimeout are left alone: another request (or replica)
+// may be placing them right now.
+func (s *Server) reconcile(ctx context.Context, nodeID string, c *edge.Client, all bool) error {
 	running, err := c.List(ctx)
 	if err != nil {
 		return fmt.Errorf("reconcile node %s: %w", nodeID, err)
@@ -239,7 +257,7 @@ func (s *Server) reconcile(ctx context.Context, nodeID string, c *edge.Client) e
 	now := time.Now().UTC()
 	live := map[string]bool{}
 	for _, sb := range records {
-		young := sb.API.State == api.StateCreating && now.Sub(sb.API.CreatedAt) < createTimeout
+		young := !all && sb.API.State == api.StateCreating && now.Sub(sb.API.CreatedAt) < createTimeout
 		if onNode[sb.API.ID] || young {
 			live[sb.API.ID] = true
 			if young {

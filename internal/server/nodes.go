@@ -122,10 +122,10 @@ func (s *Server) AddNode(ctx context.Context, addr, token string) error {
 	if err != nil {
 		return fmt.Errorf("add node %s: %w", addr, err)
 	}
-	_, err = s.Heartbeat(ctx, edge.Heartbeat{
+	_, err = s.beat(ctx, edge.Heartbeat{
 		ID: info.ID, Addr: addr, Token: token, Capacity: info.Capacity, Backends: info.Backends,
 		Sandboxes: info.Sandboxes,
-	})
+	}, true)
 	return err
 }
 
