@@ -35,7 +35,11 @@ var _ store.Store = (*Store)(nil)
 // Open opens (creating if needed) the database at path and migrates it.
 func Open(ctx context.Context, path string) (*Store, error) {
 	dsn := "file:" + path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)" +
-		"&_pragma=synchronous(NORMAL)&_pragma=foreign_keys(1)&_txlock=immediate"
+		"&_pragma=synchronous(NORMAL)&_pragma=foreign_keys(1)&_txlock=immediate" +
+		// After a checkpoint the WAL is cut back to 64 MB: bursts of bulk
+		// inserts while readers hold old snapshots would otherwise leave it
+		// at its high-water mark.
+		"&_pragma=journal_size_limit(67108864)"
 	w, err := sql.Open("sqlite", dsn)
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", path, err)
