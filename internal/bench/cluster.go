@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"sync"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -307,6 +308,19 @@ func dirBytes(dir string) int64 {
 		return nil
 	})
 	return total
+}
+
+// bigFiles lists the files of dir over 16 MB with their sizes.
+func bigFiles(dir string) string {
+	var out []string
+	filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
+		if err == nil && !fi.IsDir() && fi.Size() > 16<<20 {
+			rel, _ := filepath.Rel(dir, p)
+			out = append(out, rel+" "+mib(fi.Size()))
+		}
+		return nil
+	})
+	return strings.Join(out, ", ")
 }
 
 func mib(b int64) string { return fmt.Sprintf("%.0f MB", float64(b)/(1<<20)) }

@@ -220,6 +220,6 @@ func readsAtScale(ctx context.Context, cfg ClusterConfig, env *clusterEnv, dir s
 		own = fmt.Sprintf("~%s (%d bytes/sandbox)", mib(d), d/int64(live))
 	}
 	fmt.Fprintf(w, "memory at %d live: Go heap grew %s, of which the simulated nodes' sandbox handles ~%s; control plane %s; "+
-		"process RSS %s; database on disk %s\n", live, mib(heap), mib(simHeap), own, mib(rssBytes()), mib(dirBytes(dir)))
+		"process RSS %s; database on disk %s (%s)\n", live, mib(heap), mib(simHeap), own, mib(rssBytes()), mib(dirBytes(dir)), bigFiles(dir))
 	return nil
 }

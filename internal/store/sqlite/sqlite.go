@@ -58,7 +58,7 @@ func Open(ctx context.Context, path string) (*Store, error) {
 		s.w.Close()
 		return nil, err
 	}
-	if err := s.writer.start(ctx, w); err != nil {
+	if err := s.writer.start(ctx, w, path+"-wal"); err != nil {
 		s.Close()
 		return nil, err
 	}

@@ -5,7 +5,9 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
+	"time"
 )
 
 // maxBatch bounds how many writes share one transaction.
@@ -25,6 +27,10 @@ type writer struct {
 	// stmts are the hot statements, prepared once on the one write
 	// connection (parsing a statement costs more than running it).
 	stmts map[string]*sql.Stmt
+	// wal is the database's write-ahead log; lastCheck is when its size
+	// was last looked at.
+	wal       string
+	lastCheck time.Time
 
 	mu     sync.RWMutex // guards closed against sends on ops
 	closed bool
@@ -44,8 +50,8 @@ var hotStatements = []string{
 	"SAVEPOINT op", "ROLLBACK TO op", "RELEASE op",
 }
 
-func (w *writer) start(ctx context.Context, db *sql.DB) error {
-	w.db = db
+func (w *writer) start(ctx context.Context, db *sql.DB, wal string) error {
+	w.db, w.wal = db, wal
 	w.stmts = map[string]*sql.Stmt{}
 	for _, q := range hotStatements {
 		st, err := db.PrepareContext(ctx, q)
@@ -135,7 +141,31 @@ func (w *writer) loop() {
 			}
 		}
 		w.run(batch)
+		w.trimWAL()
 	}
+}
+
+// maxWAL is the size past which the writer forces the write-ahead log back
+// to its start.
+const maxWAL = 256 << 20
+
+// trimWAL keeps the write-ahead log from growing without bound. SQLite's
+// automatic checkpoints copy the log into the database but restart it
+// only when no reader is using it, and under a steady stream of reads
+// (API gets and lists) one always is: the log then grows for as long as
+// the load lasts. Once a second the writer looks at its size and, past
+// maxWAL, runs a RESTART checkpoint, which waits for the readers of the
+// moment to finish (milliseconds: reads are short) so that the next write
+// starts the log over (journal_size_limit then truncates the file).
+func (w *writer) trimWAL() {
+	if w.wal == "" || time.Since(w.lastCheck) < time.Second {
+		return
+	}
+	w.lastCheck = time.Now()
+	if fi, err := os.Stat(w.wal); err != nil || fi.Size() < maxWAL {
+		return
+	}
+	w.db.ExecContext(context.Background(), "PRAGMA wal_checkpoint(RESTART)")
 }
 
 // run executes a batch in one transaction.
