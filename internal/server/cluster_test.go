@@ -3,9 +3,12 @@ package server_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -105,6 +108,26 @@ func addNodes(t *testing.T, c *sim.Cluster, n int, capacity api.Resources, label
 
 func small() *api.CreateSandboxRequest {
 	return &api.CreateSandboxRequest{Layers: &api.LayerRefs{Base: "base:minimal"}, Resources: api.Resources{CPU: 0.5, MemoryMB: 100}}
+}
+
+// utilisation reads the replica's view of the regular nodes' utilisation
+// from its metrics.
+func utilisation(t *testing.T, r *replica) float64 {
+	t.Helper()
+	resp, err := http.Get(r.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "dsec_cluster_utilisation "); ok {
+			f, _ := strconv.ParseFloat(v, 64)
+			return f
+		}
+	}
+	t.Fatal("no dsec_cluster_utilisation in /metrics")
+	return 0
 }
 
 func waitFor(t *testing.T, what string, cond func() bool) {
@@ -302,6 +325,8 @@ func TestClusterDrainQuotaBurst(t *testing.T) {
 			}
 			placed = append(placed, sb.ID)
 		}
+		// The scheduler's view catches up with the store within a sync.
+		waitFor(t, "utilisation at 85%", func() bool { return utilisation(t, r) >= 0.849 })
 		req := small()
 		req.Burst = true
 		sb, err := r.client.CreateSandbox(ctx, req)
@@ -311,6 +336,7 @@ func TestClusterDrainQuotaBurst(t *testing.T) {
 		for _, id := range placed[:6] {
 			r.client.DeleteSandbox(ctx, id)
 		}
+		waitFor(t, "utilisation under 80%", func() bool { return utilisation(t, r) < 0.79 })
 		sb, err = r.client.CreateSandbox(ctx, req)
 		if err != nil || sb.Node == cloud.ID {
 			t.Fatalf("burst-eligible create below 80%%: %+v, %v; want a regular node", sb, err)
