@@ -86,8 +86,9 @@ func (l *lan) addHost(t *testing.T, i int) host {
 
 // joinedEdge is a `dsec edge` running in a host's network namespace (and
 // the host's mount namespace, so that its mounts can be cleaned up from
-// here), with its own data dir, runc root and cgroup parent, sharing the
-// control plane's layer directory.
+// here), with its own data dir, runc root, blobfs and cgroup parent,
+// sharing the control plane's layer store (a directory: the shared POSIX
+// mount case).
 type joinedEdge struct {
 	id, dir, cgroup string
 	cmd             *exec.Cmd
@@ -155,6 +156,7 @@ func (e *joinedEdge) cleanup(t *testing.T) {
 		}
 	}
 	testutil.UnmountAll(e.dir)
+	testutil.StopBlobfs(filepath.Join(e.dir, "data", "blobfs"))
 	roots, _ := filepath.Glob("/sys/fs/cgroup/*")
 	for _, r := range append(roots, "/sys/fs/cgroup") {
 		cg := filepath.Join(r, e.cgroup)

@@ -29,7 +29,7 @@ func TestMultiHost(t *testing.T) {
 		"--cluster-token", token, "--node-timeout", "3s")
 	var edges []*joinedEdge
 	for i, h := range hosts {
-		edges = append(edges, startJoinedEdge(t, h, fmt.Sprintf("edge-%d", i), srv.URL, token, filepath.Join(srv.DataDir, "layers")))
+		edges = append(edges, startJoinedEdge(t, h, fmt.Sprintf("edge-%d", i), srv.URL, token, filepath.Join(srv.DataDir, "store")))
 	}
 	c := srv.Client
 	// Registered last, so it runs first: no sandbox outlives the test.
