@@ -111,7 +111,7 @@ func startJoinedEdge(t *testing.T, h host, id, joinURL, token, layers string) *j
 		filepath.Join(bin, "dsec"), "edge", "--join", joinURL, "--token", token,
 		"--listen", h.ip+":7071", "--data", filepath.Join(dir, "data"), "--store", layers,
 		"--node-id", id, "--agent", filepath.Join(bin, "dsec-agent"), "--cgroup-parent", e.cgroup,
-		"--cpu", "64", "--memory-mb", "2048", "--heartbeat", "300ms")
+		"--cpu", "64", "--memory-mb", "6144", "--heartbeat", "300ms")
 	e.cmd.Stdout, e.cmd.Stderr = logf, logf
 	e.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := e.cmd.Start(); err != nil {

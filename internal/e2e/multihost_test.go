@@ -59,14 +59,19 @@ func TestMultiHost(t *testing.T) {
 	// machine's CPU, which all three measure, weighs little against what
 	// is allocated on each (their load is real, but the same load).
 	for _, n := range ns {
-		if !strings.HasPrefix(n.Addr, "http://"+l.prefix) || n.Capacity.MemoryMB != 2048 {
+		if !strings.HasPrefix(n.Addr, "http://"+l.prefix) || n.Capacity.MemoryMB != 6144 {
 			t.Fatalf("node %s joined as %+v", n.ID, n)
 		}
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	req := &api.CreateSandboxRequest{Layers: &api.LayerRefs{Base: "base:minimal"}, Resources: api.Resources{CPU: 0.5, MemoryMB: 256}}
+	// 1024 MB of 6144 each, a sixth of a node: the bonus of a node that
+	// already caches the base layer (0.3 of a node) is worth under two
+	// sandboxes, so the third node gets at least two of nine whenever the
+	// cache reports arrive; after the loss the two others have room for
+	// exactly six more.
+	req := &api.CreateSandboxRequest{Layers: &api.LayerRefs{Base: "base:minimal"}, Resources: api.Resources{CPU: 0.5, MemoryMB: 1024}}
 	byNode := map[string][]string{}
 	for range 9 {
 		sb, err := c.CreateSandbox(ctx, req)
