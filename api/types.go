@@ -160,6 +160,11 @@ type SandboxList struct {
 type Trajectory struct {
 	ID   string `json:"id"`
 	Step int64  `json:"step"`
+	// CheckpointEvery, if set, asks for a checkpoint (a pack_diff snapshot
+	// of the sandbox) after every step that is a multiple of it, from now
+	// on; it is a setting of the trajectory, kept until another step
+	// changes it. See Checkpoint.
+	CheckpointEvery int64 `json:"checkpoint_every,omitempty"`
 }
 
 // Trajectory step states.
@@ -185,6 +190,11 @@ type TrajectoryStep struct {
 type TrajectoryLog struct {
 	ID    string           `json:"id"`
 	Steps []TrajectoryStep `json:"steps"`
+	// CheckpointEvery is the trajectory's checkpoint interval (0: none).
+	CheckpointEvery int64 `json:"checkpoint_every,omitempty"`
+	// Checkpoints are the kept checkpoints a restore can start from,
+	// oldest first.
+	Checkpoints []Checkpoint `json:"checkpoints,omitempty"`
 }
 
 // ExecRequest is the body of POST /v1/sandboxes/{id}/exec. Exactly one of

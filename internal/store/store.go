@@ -123,6 +123,40 @@ type Store interface {
 	// started before t, and returns how many steps went.
 	PurgeTrajectories(ctx context.Context, before time.Time) (int, error)
 
+	// Trajectory settings and checkpoints (see Checkpoint).
+
+	// PutTrajectory records a trajectory's settings.
+	PutTrajectory(ctx context.Context, t Trajectory) error
+	// GetTrajectory reads them; ErrNotFound if none were recorded.
+	GetTrajectory(ctx context.Context, tenant, id string) (Trajectory, error)
+	// AddCheckpoint records a checkpoint, durably.
+	AddCheckpoint(ctx context.Context, c Checkpoint) error
+	// ListCheckpoints lists a trajectory's live checkpoints in step
+	// order: those not dropped whose step is still recorded, done, as the
+	// attempt the checkpoint was taken after.
+	ListCheckpoints(ctx context.Context, tenant, trajectory string) ([]Checkpoint, error)
+	// DropCheckpoint marks a checkpoint dropped (it no longer lists);
+	// dropping a missing one succeeds.
+	DropCheckpoint(ctx context.Context, c Checkpoint) error
+	// DeadCheckpoints lists up to limit checkpoints of any tenant that are
+	// not live — dropped, or whose step was dropped or ran again — for
+	// their layers to be collected.
+	DeadCheckpoints(ctx context.Context, limit int) ([]Checkpoint, error)
+	// DeleteCheckpoint removes a checkpoint's record.
+	DeleteCheckpoint(ctx context.Context, c Checkpoint) error
+	// MoveSteps records that the done steps of a trajectory up to step
+	// upTo that ran at from (sandbox, generation) now have their effects
+	// at to: a sandbox restored from a checkpoint. It returns how many
+	// moved.
+	MoveSteps(ctx context.Context, tenant, trajectory string, upTo int64, from, to StepPlace) (int, error)
+
+	// DeleteLayer removes the tenant's layer name:tag if it still has
+	// digest; removing a missing one succeeds.
+	DeleteLayer(ctx context.Context, tenant, name, tag, digest string) error
+	// LayerInUse reports whether any layer record of any tenant has
+	// digest or stacks on it, or a sandbox not deleted runs on it.
+	LayerInUse(ctx context.Context, digest string) (bool, error)
+
 	Close() error
 }
 

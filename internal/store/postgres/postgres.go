@@ -159,6 +159,30 @@ var migrations = []string{
 	);`,
 	// 4: a snapshot layer's parent stack: digests, base first, space-separated.
 	`ALTER TABLE layers ADD COLUMN parents TEXT NOT NULL DEFAULT '';`,
+	// 5: trajectory settings and checkpoints.
+	`CREATE TABLE trajectories (
+		tenant TEXT NOT NULL,
+		id TEXT NOT NULL,
+		checkpoint_every BIGINT NOT NULL,
+		updated_at BIGINT NOT NULL,
+		PRIMARY KEY (tenant, id)
+	);
+	CREATE TABLE trajectory_checkpoints (
+		tenant TEXT NOT NULL,
+		trajectory TEXT NOT NULL,
+		step BIGINT NOT NULL,
+		attempt TEXT NOT NULL,
+		layer_name TEXT NOT NULL,
+		layer_tag TEXT NOT NULL,
+		digest TEXT NOT NULL,
+		size BIGINT NOT NULL,
+		sandbox TEXT NOT NULL,
+		generation BIGINT NOT NULL,
+		spec TEXT NOT NULL,
+		created_at BIGINT NOT NULL,
+		dropped BOOLEAN NOT NULL DEFAULT FALSE,
+		PRIMARY KEY (tenant, trajectory, step, attempt)
+	);`,
 }
 
 // migrationLock is the advisory lock key that serializes replicas

@@ -142,5 +142,10 @@ func (s *Store) PurgeTrajectories(ctx context.Context, before time.Time) (int, e
 	if err != nil {
 		return 0, fmt.Errorf("purge trajectories: %w", err)
 	}
+	// Settings of trajectories left without steps go once they are as old.
+	if _, err := s.pool.Exec(ctx, `DELETE FROM trajectories t WHERE t.updated_at < $1 AND NOT EXISTS (
+		SELECT 1 FROM trajectory_steps s WHERE s.tenant = t.tenant AND s.trajectory = t.id)`, nanos(before)); err != nil {
+		return int(tag.RowsAffected()), fmt.Errorf("purge trajectory settings: %w", err)
+	}
 	return int(tag.RowsAffected()), nil
 }

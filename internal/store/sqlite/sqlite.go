@@ -199,6 +199,30 @@ var migrations = []string{
 	);
 	INSERT INTO tenant_usage (tenant, sandboxes, mcpu, memory_mb)
 		SELECT tenant, COUNT(*), SUM(mcpu), SUM(memory_mb) FROM sandboxes WHERE charged = 1 GROUP BY tenant;`,
+	// 5: trajectory settings and checkpoints.
+	`CREATE TABLE trajectories (
+		tenant TEXT NOT NULL,
+		id TEXT NOT NULL,
+		checkpoint_every INTEGER NOT NULL,
+		updated_at INTEGER NOT NULL,
+		PRIMARY KEY (tenant, id)
+	);
+	CREATE TABLE trajectory_checkpoints (
+		tenant TEXT NOT NULL,
+		trajectory TEXT NOT NULL,
+		step INTEGER NOT NULL,
+		attempt TEXT NOT NULL,
+		layer_name TEXT NOT NULL,
+		layer_tag TEXT NOT NULL,
+		digest TEXT NOT NULL,
+		size INTEGER NOT NULL,
+		sandbox TEXT NOT NULL,
+		generation INTEGER NOT NULL,
+		spec TEXT NOT NULL,
+		created_at INTEGER NOT NULL,
+		dropped INTEGER NOT NULL DEFAULT 0,
+		PRIMARY KEY (tenant, trajectory, step, attempt)
+	);`,
 }
 
 func (s *Store) migrate(ctx context.Context) error {

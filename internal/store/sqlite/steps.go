@@ -180,5 +180,11 @@ func (s *Store) PurgeTrajectories(ctx context.Context, before time.Time) (int, e
 		return 0, fmt.Errorf("purge trajectories: %w", err)
 	}
 	n, _ := res.RowsAffected()
+	// Settings of trajectories left without steps go once they are as old.
+	if _, err := s.w.ExecContext(ctx, `DELETE FROM trajectories WHERE updated_at < ? AND NOT EXISTS (
+		SELECT 1 FROM trajectory_steps t WHERE t.tenant = trajectories.tenant AND t.trajectory = trajectories.id)`,
+		nanos(before)); err != nil {
+		return int(n), fmt.Errorf("purge trajectory settings: %w", err)
+	}
 	return int(n), nil
 }
