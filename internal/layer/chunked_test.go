@@ -169,3 +169,79 @@ func TestImportImage(t *testing.T) {
 func tree(t *testing.T, dir string) string {
 	return strings.ReplaceAll(snapshot(t, dir), dir, "")
 }
+
+// TestRemove removes one of two layers that share data: the shared chunks
+// stay and the other layer still reads whole; the removed layer's own
+// chunks and manifest go.
+func TestRemove(t *testing.T) {
+	requireMounts(t)
+	ctx := context.Background()
+	s := newChunkStore(t)
+	shared := make([]byte, 2<<20)
+	rand.Read(shared)
+	build := func(own string) layer.Desc {
+		dir := t.TempDir()
+		own64 := make([]byte, 1<<20)
+		rand.Read(own64)
+		for name, data := range map[string][]byte{"shared.bin": shared, "own.bin": own64, "name": []byte(own)} {
+			if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		d, err := s.Build(ctx, dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	keep, gone := build("keep"), build("gone")
+	chunksOf := func(digest string) []string {
+		m, _, err := s.Manifest(ctx, digest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, c := range append(m.Meta.Chunks, m.Blob.Chunks...) {
+			out = append(out, c.Digest)
+		}
+		return out
+	}
+	keepChunks, goneChunks := chunksOf(keep.Digest), chunksOf(gone.Digest)
+
+	st, err := s.Remove(ctx, []string{gone.Digest, "sha256:" + strings.Repeat("0", 64)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Layers != 1 || st.Chunks == 0 || st.Bytes == 0 || st.Scanned != 1 {
+		t.Fatalf("remove stats %+v", st)
+	}
+	if _, _, err := s.Manifest(ctx, gone.Digest); err == nil {
+		t.Fatal("the removed layer's manifest is still there")
+	}
+	present := map[string]bool{}
+	for _, c := range append(keepChunks, goneChunks...) {
+		_, err := s.Blobs().Stat(ctx, layer.ChunkKey(c))
+		present[c] = err == nil
+	}
+	for _, c := range keepChunks {
+		if !present[c] {
+			t.Fatalf("chunk %s of the kept layer was removed", c)
+		}
+	}
+	removed := 0
+	for _, c := range goneChunks {
+		if !present[c] {
+			removed++
+		}
+	}
+	if removed != st.Chunks {
+		t.Fatalf("%d chunks of the removed layer are gone, stats say %d", removed, st.Chunks)
+	}
+	mnt := fetchAndMount(t, s, keep.Digest)
+	if got, err := os.ReadFile(filepath.Join(mnt, "shared.bin")); err != nil || !bytes.Equal(got, shared) {
+		t.Fatalf("kept layer's shared data after the remove: %d bytes, %v", len(got), err)
+	}
+	if st, err := s.Remove(ctx, []string{gone.Digest}); err != nil || st.Layers != 0 {
+		t.Fatalf("removing it again: %+v %v", st, err)
+	}
+}
