@@ -188,6 +188,7 @@ func serverCmd(ctx context.Context, args []string) error {
 	retention := fs.Duration("trajectory-retention", 7*24*time.Hour, "keep a trajectory this long after its newest step")
 	profilesFile := fs.String("profiles", "", "JSON file of named policy profiles: {\"name\": {\"phase\": …, \"phases\": {…}}}")
 	storeLoc := fs.String("store", "", "layer store: a directory shared by the nodes, s3://ACCESS:SECRET@HOST:PORT/BUCKET[/PREFIX], or empty for <data>/store")
+	ckptKept := fs.Int("trajectory-checkpoints", server.DefaultCheckpointsKept, "checkpoints a trajectory keeps (older ones are collected)")
 	snapDepth := fs.Int("snapshot-max-depth", server.DefaultMaxSnapshotDepth, "snapshot layers that may stack before a snapshot flattens them")
 	db := fs.String("db", os.Getenv("DSEC_DB"), "control-plane database: empty for SQLite in the data dir, or a PostgreSQL URL "+
 		"(postgres://…) shared by every replica ($DSEC_DB)")
@@ -237,6 +238,9 @@ func serverCmd(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	if *ckptKept < 1 {
+		return errors.New("--trajectory-checkpoints must be at least 1")
+	}
 	if *idle < 0 || *retention <= 0 {
 		return errors.New("--idle-timeout must not be negative and --trajectory-retention must be positive")
 	}
@@ -251,6 +255,7 @@ func serverCmd(ctx context.Context, args []string) error {
 		DefaultIdleTimeout: idle.Truncate(time.Second), TrajectoryRetention: *retention,
 		FnCall: fc, BatchParallel: *batchParallel, MaxSnapshotDepth: *snapDepth,
 		Scheduler: scheduler.New(sched), ClusterToken: *clusterToken, NodeTimeout: *nodeTimeout,
+		CheckpointsKept: *ckptKept,
 	})
 	if *localEdge {
 		nodeLayers, err := nf.nodeLayers(ctx, filepath.Join(dataDir, "edge"), *storeLoc, localStore, layers, legacy, log)

@@ -41,14 +41,24 @@ func TestHelperTrainer(t *testing.T) {
 	c := client.New(os.Getenv("DSEC_URL"), os.Getenv("DSEC_API_KEY"))
 	sb, traj := os.Getenv("TRAINER_SANDBOX"), os.Getenv("TRAINER_TRAJECTORY")
 	steps, _ := strconv.ParseInt(os.Getenv("TRAINER_STEPS"), 10, 64)
+	every, _ := strconv.ParseInt(os.Getenv("TRAINER_CHECKPOINT_EVERY"), 10, 64)
 	for i := int64(1); i <= steps; i++ {
 		fmt.Printf("begin %d\n", i)
-		res, err := c.Exec(context.Background(), sb, &api.ExecRequest{
-			Shell: stepCmd(i), Trajectory: &api.Trajectory{ID: traj, Step: i},
-		})
+		key := &api.Trajectory{ID: traj, Step: i}
+		if i == 1 {
+			key.CheckpointEvery = every // a setting of the trajectory from now on
+		}
+		res, err := c.Exec(context.Background(), sb, &api.ExecRequest{Shell: stepCmd(i), Trajectory: key})
 		if err != nil {
 			fmt.Printf("error %v\n", err)
 			os.Exit(2)
+		}
+		if os.Getenv("TRAINER_MARK") != "" {
+			// Not a step: a plain exec right after the answer.
+			if _, err := c.Exec(context.Background(), sb, &api.ExecRequest{Shell: fmt.Sprintf(": > /work/after-%d", i)}); err != nil {
+				fmt.Printf("error %v\n", err)
+				os.Exit(2)
+			}
 		}
 		b, _ := json.Marshal(trainerStep{Step: i, Replayed: res.Replayed, Stdout: res.Stdout})
 		fmt.Printf("%s\n", b)
@@ -57,11 +67,12 @@ func TestHelperTrainer(t *testing.T) {
 }
 
 // trainer starts the trainer process; lines come on the channel.
-func trainer(t *testing.T, s *testutil.Server, sandbox, traj string, steps int) (*exec.Cmd, <-chan string) {
+func trainer(t *testing.T, s *testutil.Server, sandbox, traj string, steps int, env ...string) (*exec.Cmd, <-chan string) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperTrainer$", "-test.count=1")
 	cmd.Env = append(os.Environ(), trainerEnv+"=1", "DSEC_URL="+s.URL, "DSEC_API_KEY="+s.Key,
 		"TRAINER_SANDBOX="+sandbox, "TRAINER_TRAJECTORY="+traj, fmt.Sprintf("TRAINER_STEPS=%d", steps))
+	cmd.Env = append(cmd.Env, env...)
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {

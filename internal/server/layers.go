@@ -76,6 +76,9 @@ func (s *Server) createLayer(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	if strings.HasPrefix(name, checkpointPrefix) {
+		return errdefs.Invalid("layer names %s… are kept for trajectory checkpoints", checkpointPrefix)
+	}
 	public, err := queryBool(q, "public")
 	if err != nil {
 		return err
@@ -83,6 +86,7 @@ func (s *Server) createLayer(w http.ResponseWriter, r *http.Request) error {
 	if public && !p.Admin {
 		return fmt.Errorf("only an admin can publish a public layer: %w", errdefs.ErrPermissionDenied)
 	}
+	defer s.layerWriter()()
 	d, err := s.importLayer(r.Context(), http.MaxBytesReader(w, r.Body, s.cfg.MaxLayerBytes))
 	if err != nil {
 		var mbe *http.MaxBytesError
@@ -160,6 +164,7 @@ func (s *Server) EnsureDefaultBase(ctx context.Context, busybox string) error {
 	if err := layer.MinimalBase(ctx, busybox, dir); err != nil {
 		return fmt.Errorf("default base: %w", err)
 	}
+	defer s.layerWriter()()
 	img, err := s.cfg.Layers.Build(ctx, dir)
 	if err != nil {
 		return fmt.Errorf("default base: %w", err)

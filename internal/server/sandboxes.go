@@ -191,6 +191,9 @@ func (s *Server) liveSandbox(ctx context.Context, id string) (store.Sandbox, *no
 	if err != nil {
 		return sb, nil, err
 	}
+	if sb, err = s.afterCheckpoint(ctx, sb); err != nil {
+		return sb, nil, err
+	}
 	switch sb.API.State {
 	case api.StateRunning:
 	case api.StateDeleted, api.StateFailed:
@@ -340,6 +343,9 @@ func (s *Server) lifecycle(w http.ResponseWriter, r *http.Request, from []string
 	op func(context.Context, *edge.Client, *store.Sandbox) error) error {
 	sb, err := s.sandboxFor(r.Context(), r.PathValue("id"))
 	if err != nil {
+		return err
+	}
+	if sb, err = s.afterCheckpoint(r.Context(), sb); err != nil {
 		return err
 	}
 	ctx := context.WithoutCancel(r.Context()) // once started, see it through

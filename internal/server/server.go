@@ -20,6 +20,7 @@ import (
 	"net/url"
 	"runtime/debug"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -60,6 +61,9 @@ type Config struct {
 	// TrajectoryRetention is how long a trajectory is kept after its
 	// newest step started; 7 days by default.
 	TrajectoryRetention time.Duration
+	// CheckpointsKept is how many checkpoints a trajectory keeps;
+	// DefaultCheckpointsKept if zero.
+	CheckpointsKept int
 	// ReapInterval is how often expired sandboxes are looked for.
 	ReapInterval time.Duration
 	// BatchParallel bounds the sandboxes of one batch built at once on
@@ -100,6 +104,12 @@ type Server struct {
 
 	acts  *activity
 	steps *steps
+	gates *gates
+
+	// layerMu is held shared by layer writes and exclusively by the
+	// removal of layers (see layergc.go).
+	layerMu sync.RWMutex
+	gcKick  chan struct{}
 }
 
 // New returns a control plane over cfg.Store.
@@ -127,6 +137,9 @@ func New(cfg Config) *Server {
 	}
 	if cfg.BatchParallel <= 0 {
 		cfg.BatchParallel = 8
+	}
+	if cfg.CheckpointsKept <= 0 {
+		cfg.CheckpointsKept = DefaultCheckpointsKept
 	}
 	if cfg.MaxSnapshotDepth <= 0 {
 		cfg.MaxSnapshotDepth = DefaultMaxSnapshotDepth
@@ -156,6 +169,8 @@ func New(cfg Config) *Server {
 		nodes:   newRegistry(),
 		acts:    newActivity(),
 		steps:   newSteps(),
+		gates:   newGates(),
+		gcKick:  make(chan struct{}, 1),
 	}
 	if cfg.FnCall.Logger == nil {
 		cfg.FnCall.Logger = cfg.Logger
@@ -190,6 +205,7 @@ func (s *Server) Run(ctx context.Context) {
 	// Trajectories are purged at a tenth of their retention, at most
 	// hourly, so a short retention (in tests) is honoured promptly.
 	gcEvery := min(max(s.cfg.TrajectoryRetention/10, s.cfg.ReapInterval), time.Hour)
+	go s.runGC(ctx, gcEvery)
 	lastPurge, lastGC := time.Now(), time.Now()
 	for {
 		select {
@@ -213,6 +229,7 @@ func (s *Server) Run(ctx context.Context) {
 				s.log.Warn("purge trajectories", "err", err)
 			case n > 0:
 				s.log.Info("purged old trajectory steps", "count", n)
+				s.kickGC() // their checkpoints are dead now
 			}
 		}
 	}
@@ -246,6 +263,7 @@ func (s *Server) Handler() http.Handler {
 	authed("POST /v1/sandboxes/{id}/renew", s.renewSandbox)
 	authed("GET /v1/trajectories/{id...}", s.getTrajectory)
 	authed("DELETE /v1/trajectories/{id...}", s.deleteTrajectory)
+	authed("POST /v1/trajectories:restore", s.restoreTrajectory)
 	authed("PUT /v1/sandboxes/{id}/phase", s.setPhase)
 	authed("GET /v1/profiles", s.listProfiles)
 
@@ -373,6 +391,10 @@ type metrics struct {
 	creates   *prometheus.CounterVec
 	createDur prometheus.Histogram
 	steps     *prometheus.CounterVec
+
+	checkpoints          *prometheus.CounterVec
+	checkpointDur        prometheus.Histogram
+	checkpointsCollected prometheus.Counter
 }
 
 func newMetrics() *metrics {
@@ -398,6 +420,17 @@ func newMetrics() *metrics {
 	m.steps = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "dsec_trajectory_steps_total", Help: "Trajectory steps by what was done: run, rerun, diverge, replay, settle.",
 	}, []string{"action"})
-	reg.MustRegister(m.requests, m.latency, m.creates, m.createDur, m.steps)
+	m.checkpoints = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "dsec_trajectory_checkpoints_total", Help: "Trajectory checkpoints by result: ok, skipped, failed.",
+	}, []string{"result"})
+	m.checkpointDur = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "dsec_trajectory_checkpoint_seconds", Help: "Time to take a checkpoint, the step's end to the record.",
+		Buckets: prometheus.ExponentialBuckets(0.01, 2, 14),
+	})
+	m.checkpointsCollected = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "dsec_trajectory_checkpoints_collected_total", Help: "Dead checkpoints whose layers were collected.",
+	})
+	reg.MustRegister(m.requests, m.latency, m.creates, m.createDur, m.steps,
+		m.checkpoints, m.checkpointDur, m.checkpointsCollected)
 	return m
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/dsec-project/dsec/api"
@@ -27,9 +28,11 @@ func (s *Server) snapshotSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err := httpapi.DecodeJSON(r, &req); err != nil && !errors.Is(err, httpapi.ErrEmptyBody) {
 		return err
 	}
-	p := principalFrom(r.Context())
 	sb, err := s.sandboxFor(r.Context(), r.PathValue("id"))
 	if err != nil {
+		return err
+	}
+	if sb, err = s.afterCheckpoint(r.Context(), sb); err != nil {
 		return err
 	}
 	switch sb.API.State {
@@ -45,32 +48,46 @@ func (s *Server) snapshotSandbox(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 	}
+	if strings.HasPrefix(name, checkpointPrefix) {
+		return errdefs.Invalid("layer names %s… are kept for trajectory checkpoints", checkpointPrefix)
+	}
 	n, err := s.nodes.get(sb.API.Node)
 	if err != nil {
 		return err
 	}
-	ctx := context.WithoutCancel(r.Context()) // once the sandbox is frozen, see it through
+	l, err := s.pack(context.WithoutCancel(r.Context()), sb, n, name, tag) // once the sandbox is frozen, see it through
+	if err != nil {
+		return err
+	}
+	httpapi.WriteJSON(w, http.StatusCreated, layerAPI(l))
+	return nil
+}
+
+// pack has the sandbox's node pack its changes into a snapshot layer
+// name:tag of its tenant, flattening the snapshots under it when they
+// would stack deeper than the limit, and records the layer.
+func (s *Server) pack(ctx context.Context, sb store.Sandbox, n *node, name, tag string) (store.Layer, error) {
+	defer s.layerWriter()()
 	stack := sb.LayerDigests
-	depth := s.snapshotDepth(ctx, p.Tenant, stack)
+	depth := s.snapshotDepth(ctx, sb.Tenant, stack)
 	merge := 0
 	if depth+1 > s.cfg.MaxSnapshotDepth {
 		merge = depth
 	}
 	res, err := n.client.Snapshot(ctx, sb.API.ID, edge.SnapshotRequest{Merge: merge})
 	if err != nil {
-		return err
+		return store.Layer{}, err
 	}
 	l := store.Layer{
-		Tenant: p.Tenant, Name: name, Tag: tag, Digest: res.Digest, Kind: api.KindSnapshot, Size: res.Size,
+		Tenant: sb.Tenant, Name: name, Tag: tag, Digest: res.Digest, Kind: api.KindSnapshot, Size: res.Size,
 		CreatedAt: time.Now().UTC(), Parents: append([]string(nil), stack[:len(stack)-merge]...),
 	}
 	if err := s.store.PutLayer(ctx, l); err != nil {
-		return err
+		return store.Layer{}, err
 	}
-	s.log.Info("snapshot stored", "tenant", p.Tenant, "sandbox", sb.API.ID, "layer", name+":"+tag,
+	s.log.Info("snapshot stored", "tenant", sb.Tenant, "sandbox", sb.API.ID, "layer", name+":"+tag,
 		"digest", res.Digest, "size", res.Size, "flattened", merge)
-	httpapi.WriteJSON(w, http.StatusCreated, layerAPI(l))
-	return nil
+	return l, nil
 }
 
 // snapshotDepth counts the snapshot layers on top of a stack.

@@ -145,6 +145,9 @@ func (s *Server) step(ctx context.Context, sb store.Sandbox, n *node, req *api.E
 	here := trajectory.Place{Sandbox: sb.API.ID, Generation: sb.Generation}
 	key := stepKey(sb.Tenant, traj.ID)
 	log := s.log.With("tenant", sb.Tenant, "sandbox", sb.API.ID, "trajectory", traj.ID, "step", traj.Step)
+	if err := s.setCheckpointEvery(ctx, sb.Tenant, traj); err != nil {
+		return nil, err
+	}
 	for range 4 {
 		unlock, err := s.steps.lock(ctx, key)
 		if err != nil {
@@ -197,9 +200,13 @@ func (s *Server) step(ctx context.Context, sb store.Sandbox, n *node, req *api.E
 			unlock()
 			if act != trajectory.Run {
 				log.Info("trajectory step runs again", "action", act.String())
+				s.kickGC() // checkpoints after this step are dead now
 			}
 			res, err := s.runStep(ctx, n, req, st, live)
 			done()
+			if err == nil {
+				s.scheduleCheckpoint(ctx, sb, n, st)
+			}
 			return res, err
 		}
 	}
@@ -329,14 +336,26 @@ func (s *Server) getTrajectory(w http.ResponseWriter, r *http.Request) error {
 	if err := trajectory.ValidID(id); err != nil {
 		return err
 	}
-	list, err := s.store.ListSteps(r.Context(), principalFrom(r.Context()).Tenant, id)
+	tenant := principalFrom(r.Context()).Tenant
+	list, err := s.store.ListSteps(r.Context(), tenant, id)
 	if err != nil {
 		return err
 	}
-	if len(list) == 0 {
+	settings, err := s.store.GetTrajectory(r.Context(), tenant, id)
+	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		return err
+	}
+	ckpts, err := s.store.ListCheckpoints(r.Context(), tenant, id)
+	if err != nil {
+		return err
+	}
+	if len(list) == 0 && len(ckpts) == 0 && settings.CheckpointEvery == 0 {
 		return errdefs.NotFound("trajectory %s", id)
 	}
-	out := api.TrajectoryLog{ID: id, Steps: make([]api.TrajectoryStep, 0, len(list))}
+	out := api.TrajectoryLog{ID: id, Steps: make([]api.TrajectoryStep, 0, len(list)), CheckpointEvery: settings.CheckpointEvery}
+	for _, c := range ckpts {
+		out.Checkpoints = append(out.Checkpoints, checkpointAPI(c))
+	}
 	for _, st := range list {
 		out.Steps = append(out.Steps, api.TrajectoryStep{
 			Step: st.Step, Fingerprint: st.Fingerprint, Sandbox: st.Sandbox, State: st.State,
@@ -371,6 +390,15 @@ func (s *Server) deleteTrajectory(w http.ResponseWriter, r *http.Request) error 
 	if _, err := s.store.DeleteSteps(r.Context(), tenant, id, from); err != nil {
 		return err
 	}
+	if from <= 0 { // the whole trajectory goes, its settings too
+		if cur, err := s.store.GetTrajectory(r.Context(), tenant, id); err == nil && cur.CheckpointEvery != 0 {
+			cur.CheckpointEvery, cur.UpdatedAt = 0, time.Now().UTC()
+			if err := s.store.PutTrajectory(r.Context(), cur); err != nil {
+				return err
+			}
+		}
+	}
+	s.kickGC() // checkpoints at the dropped steps are dead
 	w.WriteHeader(http.StatusNoContent)
 	return nil
 }

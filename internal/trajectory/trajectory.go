@@ -49,6 +49,8 @@ func CheckExec(req *api.ExecRequest) error {
 	switch {
 	case t.Step < 0 || t.Step > MaxStep:
 		return errdefs.Invalid("trajectory step %d: want 0 to %d", t.Step, int64(MaxStep))
+	case t.CheckpointEvery < 0 || t.CheckpointEvery > MaxStep:
+		return errdefs.Invalid("trajectory checkpoint_every %d: want 1 to %d steps, or 0 to keep the trajectory's setting", t.CheckpointEvery, int64(MaxStep))
 	case req.Background:
 		return errdefs.Invalid("a background exec has no result to record: drop background or trajectory")
 	case req.Tag != "":
