@@ -153,7 +153,7 @@ def exec_body(
     stdin: Union[str, bytes, None] = None,
     timeout: Optional[float] = None,
     max_output_bytes: Optional[int] = None,
-    trajectory: Union[Trajectory, Tuple[str, int], Mapping[str, Any], None] = None,
+    trajectory: Union[Trajectory, Tuple[str, int], Tuple[str, int, int], Mapping[str, Any], None] = None,
     background: bool = False,
 ) -> Dict[str, Any]:
     """The JSON of an exec: ``cmd`` is a shell string or an argv list."""
@@ -174,8 +174,12 @@ def exec_body(
     if trajectory is not None:
         if isinstance(trajectory, Trajectory):
             d["trajectory"] = {"id": trajectory.id, "step": trajectory.step}
+            if trajectory.checkpoint_every:
+                d["trajectory"]["checkpoint_every"] = int(trajectory.checkpoint_every)
         elif isinstance(trajectory, tuple):
             d["trajectory"] = {"id": trajectory[0], "step": int(trajectory[1])}
+            if len(trajectory) > 2 and trajectory[2]:
+                d["trajectory"]["checkpoint_every"] = int(trajectory[2])
         else:
             d["trajectory"] = dict(trajectory)
     if background:
@@ -256,3 +260,18 @@ def keepalive_interval(info_raw: Dict[str, Any], ttl_seconds: Optional[int]) -> 
     """How often to renew: a third of the lease, between 1 s and 5 min."""
     ttl = ttl_seconds or int(info_raw.get("ttl_seconds") or 0) or 600
     return float(min(max(ttl / 3.0, 1.0), 300.0))
+
+
+def trajectory_path(tid: str) -> str:
+    # Trajectory ids keep their slashes in the path.
+    return "/v1/trajectories/" + quote(tid, safe="/")
+
+
+def restore(tid: str, step: Optional[int], ttl_seconds: Optional[int], timeout: Optional[float]) -> Req:
+    # Not retried: a restore that reached the server made a sandbox.
+    body: Dict[str, Any] = {"trajectory": tid}
+    if step:
+        body["step"] = int(step)
+    if ttl_seconds:
+        body["ttl_seconds"] = int(ttl_seconds)
+    return jreq("POST", "/v1/trajectories:restore", body, timeout=timeout or CREATE_TIMEOUT)

@@ -66,6 +66,24 @@ class AsyncClient:
         d = await self._json(_ops.create(_ops.spec(**spec), timeout))
         return AsyncSandbox(self, SandboxInfo.from_json(d))
 
+    async def trajectory(self, id: str) -> Dict[str, Any]:
+        """The trajectory log; see :meth:`libdsec.Client.trajectory`."""
+        return await self._json(_ops.jreq("GET", _ops.trajectory_path(id)))
+
+    async def delete_trajectory(self, id: str, *, from_step: int = 0) -> None:
+        """Drops a trajectory's steps; see :meth:`libdsec.Client.delete_trajectory`."""
+        q = [("from_step", str(int(from_step)))] if from_step else []
+        await self._json(_ops.Req("DELETE", _ops.trajectory_path(id), query=q, idempotent=True))
+
+    async def restore_trajectory(self, id: str, *, step: Optional[int] = None, ttl_seconds: Optional[int] = None,
+                                 timeout: Optional[float] = None) -> "AsyncSandbox":
+        """Recreates a trajectory's lost sandbox from a checkpoint; see
+        :meth:`libdsec.Client.restore_trajectory`."""
+        d = await self._json(_ops.restore(id, step, ttl_seconds, timeout))
+        sb = AsyncSandbox(self, SandboxInfo.from_json(d["sandbox"]))
+        sb.checkpoint = d.get("checkpoint")
+        return sb
+
     async def create_batch(self, count: int, *, progress: ProgressArg = None, timeout: Optional[float] = None,
                            **spec: Any) -> "AsyncBatchResult":
         """Creates ``count`` sandboxes in one call; see :meth:`libdsec.Client.create_batch`."""
@@ -172,6 +190,8 @@ class AsyncSandbox:
     def __init__(self, client: AsyncClient, info: SandboxInfo) -> None:
         self.client = client
         self.info = info
+        #: the checkpoint it was restored from (restore_trajectory), else None
+        self.checkpoint: Optional[Dict[str, Any]] = None
 
     @property
     def id(self) -> str:

@@ -204,6 +204,33 @@ class Client:
         """The tenant's FnCall pools."""
         return [PoolInfo.from_json(d) for d in self._json(_ops.jreq("GET", "/v1/fncall/pools"))["pools"]]
 
+    # -- trajectories -------------------------------------------------------------------------
+
+    def trajectory(self, id: str) -> Dict[str, Any]:
+        """The trajectory log: ``{"id", "steps", "checkpoint_every", "checkpoints"}``
+        (steps without their output)."""
+        return self._json(_ops.jreq("GET", _ops.trajectory_path(id)))
+
+    def delete_trajectory(self, id: str, *, from_step: int = 0) -> None:
+        """Drops a trajectory's steps from ``from_step`` on (all of them by
+        default), and with them the checkpoints taken after those steps."""
+        q = [("from_step", str(int(from_step)))] if from_step else []
+        self._json(_ops.Req("DELETE", _ops.trajectory_path(id), query=q, idempotent=True))
+
+    def restore_trajectory(self, id: str, *, step: Optional[int] = None, ttl_seconds: Optional[int] = None,
+                           timeout: Optional[float] = None) -> "Sandbox":
+        """Recreates a trajectory's lost sandbox from its newest checkpoint
+        (or the one after ``step``): a new sandbox of the same spec starts
+        from the checkpoint's snapshot, and replaying the trajectory into it
+        returns the steps up to the checkpoint from the log (``replayed``);
+        later steps run. The checkpoint is in the returned sandbox's
+        ``checkpoint`` attribute. Checkpoints are taken when a step's
+        trajectory has ``checkpoint_every``."""
+        d = self._json(_ops.restore(id, step, ttl_seconds, timeout))
+        sb = Sandbox(self, SandboxInfo.from_json(d["sandbox"]))
+        sb.checkpoint = d.get("checkpoint")
+        return sb
+
     # -- layers, nodes, tenants ---------------------------------------------------------------
 
     def layers(self) -> List[Layer]:
@@ -269,6 +296,8 @@ class Sandbox:
     def __init__(self, client: Client, info: SandboxInfo) -> None:
         self.client = client
         self.info = info
+        #: the checkpoint it was restored from (restore_trajectory), else None
+        self.checkpoint: Optional[Dict[str, Any]] = None
 
     @property
     def id(self) -> str:
@@ -295,7 +324,8 @@ class Sandbox:
 
         ``cmd`` is a shell string (``/bin/sh -c``) or an argv list; ``timeout``
         in seconds kills it (server default 600); ``trajectory=(id, step)``
-        keys it into the trajectory log. ``check=True`` raises
+        keys it into the trajectory log (``(id, step, k)`` also asks for a
+        checkpoint every k steps). ``check=True`` raises
         :class:`libdsec.ExecError` unless it exits 0.
         """
         body = _ops.exec_body(cmd, env=env, cwd=cwd, stdin=stdin, timeout=timeout,

@@ -287,8 +287,14 @@ class Pool:
 
 @dataclass
 class Trajectory:
-    """Keys an exec into the trajectory log: the same (id, step) replays."""
+    """Keys an exec into the trajectory log: the same (id, step) replays.
+
+    ``checkpoint_every=K`` (a setting of the trajectory from this step on)
+    has the server snapshot the sandbox after every step that is a multiple
+    of K, so that a lost sandbox can be restored
+    (:meth:`libdsec.Client.restore_trajectory`)."""
 
     id: str
     step: int
+    checkpoint_every: int = 0
 

@@ -185,6 +185,37 @@ class LifecycleTest(unittest.TestCase):
         except libdsec.InvalidArgumentError as e:
             self.assertIn("phase", e.message)
 
+    def test_trajectory_checkpoint_and_restore(self):
+        tid = "py-ckpt/%d" % os.getpid()
+        sb = self.client.create(base=BASE, resources=SMALL)
+        try:
+            for step in (1, 2):
+                key = libdsec.Trajectory(tid, step, checkpoint_every=2) if step == 1 else (tid, step)
+                self.assertFalse(sb.exec("echo %d >> /log" % step, trajectory=key, check=True).replayed)
+            for _ in range(600):  # the checkpoint is taken after the answer
+                log = self.client.trajectory(tid)
+                if log.get("checkpoints"):
+                    break
+                threading.Event().wait(0.05)
+            self.assertEqual(log["checkpoint_every"], 2)
+            self.assertEqual([c["step"] for c in log["checkpoints"]], [2])
+        finally:
+            sb.close()
+        restored = self.client.restore_trajectory(tid)
+        try:
+            self.assertEqual(restored.checkpoint["step"], 2)
+            for step in (1, 2):
+                self.assertTrue(restored.exec("echo %d >> /log" % step, trajectory=(tid, step)).replayed)
+            r = restored.exec("echo 3 >> /log; cat /log", trajectory=(tid, 3))
+            self.assertEqual((r.replayed, r.stdout), (False, "1\n2\n3\n"))
+        finally:
+            restored.close()
+        self.client.delete_trajectory(tid)
+        with self.assertRaises(libdsec.NotFoundError):
+            self.client.trajectory(tid)
+        with self.assertRaises(libdsec.NotFoundError):
+            self.client.restore_trajectory(tid)
+
     def test_bad_input_is_typed(self):
         cases = [
             (lambda: self.client.create(base=BASE, backend="quantum"), libdsec.InvalidArgumentError, "unknown backend"),
