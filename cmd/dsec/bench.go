@@ -91,11 +91,18 @@ func benchCmd(ctx context.Context, args []string) error {
 		fs.StringVar(&cfg.Base, "base", "base:minimal", "base layer")
 		fs.IntVar(&cfg.Steps, "steps", 200, "steps per measure")
 		fs.IntVar(&cfg.Concurrency, "concurrency", 16, "trainers at a time in the throughput measure")
+		ck := bench.CheckpointConfig{Out: os.Stdout}
+		fs.IntVar(&ck.Steps, "checkpoint-steps", 20, "checkpointed steps timed (0: skip the checkpoint measures)")
+		fs.IntVar(&ck.DataMB, "checkpoint-mb", 64, "MiB the sandbox writes before the checkpointed steps (each checkpoint packs them)")
 		if _, _, err := parseArgs(fs, args); err != nil {
 			return err
 		}
 		cfg.Client = newClient()
-		return bench.Trajectory(ctx, cfg)
+		if err := bench.Trajectory(ctx, cfg); err != nil || ck.Steps <= 0 {
+			return err
+		}
+		ck.Client, ck.Base, ck.Prefix = cfg.Client, cfg.Base, fmt.Sprintf("bench-ckpt-%d", time.Now().UnixNano())
+		return bench.Checkpoints(ctx, ck)
 	case "image":
 		return benchImage(ctx, fs, args)
 	case "microvm":

@@ -153,6 +153,31 @@ func TestTrajectoryCheckpoints(t *testing.T) {
 		}
 	})
 
+	t.Run("an older checkpoint restores again", func(t *testing.T) {
+		// The restored sandbox may be lost too: a kept checkpoint restores
+		// as often as needed, each time into a sandbox where its steps
+		// replay.
+		r, err := c.RestoreTrajectory(ctx, &api.RestoreRequest{Trajectory: traj, Step: 6, TTLSeconds: 600})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.DeleteSandbox(context.Background(), r.Sandbox.ID)
+		if r.Checkpoint.Step != 6 || r.Sandbox.TTLSeconds != 600 {
+			t.Fatalf("restore from step 6: %+v", r)
+		}
+		for i := int64(1); i <= 6; i++ {
+			if res := execStep(t, c, r.Sandbox.ID, stepReq(traj, i, stepCmd(i))); !res.Replayed {
+				t.Fatalf("step %d in the second restore ran: %+v", i, res)
+			}
+		}
+		if n := sh(t, c, r.Sandbox.ID, "wc -l < /work/log"); strings.TrimSpace(n) != "6" {
+			t.Fatalf("/work/log has %s lines", n)
+		}
+		if err := c.DeleteSandbox(ctx, r.Sandbox.ID); err != nil {
+			t.Fatal(err)
+		}
+	})
+
 	t.Run("a divergence before a checkpoint drops it", func(t *testing.T) {
 		res := execStep(t, c, sb.ID, stepReq(traj, 8, "echo other >> /work/log"))
 		if res.Replayed {

@@ -173,20 +173,26 @@ var errSkipCheckpoint = errors.New("the sandbox no longer shows the state after 
 //
 // Preconditions: the trajectory's lock and the sandbox's gate are held.
 func (s *Server) checkpoint(ctx context.Context, sb store.Sandbox, n *node, st store.Step) (store.Checkpoint, error) {
-	// The sandbox must show the effects of exactly the steps up to st:
-	// st is still the recorded attempt, no earlier step is still running,
-	// and no later one ran here since.
+	// The sandbox must show the effects of exactly the steps up to st,
+	// all of them, so that a restore can replay every one: st is still
+	// the recorded attempt, every earlier step is done and its effects are
+	// here (it ran or replayed here, or was restored here), and no later
+	// step ran here since. A trainer that skipped steps in this sandbox
+	// gets no checkpoint.
 	steps, err := s.store.ListSteps(ctx, st.Tenant, st.Trajectory)
 	if err != nil {
 		return store.Checkpoint{}, err
 	}
 	for _, o := range steps {
+		here := o.Sandbox == st.Sandbox && o.Generation == st.Generation
 		switch {
 		case o.Step == st.Step && (o.Attempt != st.Attempt || o.State != api.StepDone):
 			return store.Checkpoint{}, fmt.Errorf("step %d ran again: %w", st.Step, errSkipCheckpoint)
 		case o.Step < st.Step && o.State != api.StepDone:
 			return store.Checkpoint{}, fmt.Errorf("step %d is still running: %w", o.Step, errSkipCheckpoint)
-		case o.Step > st.Step && o.Sandbox == st.Sandbox && o.Generation == st.Generation:
+		case o.Step < st.Step && !here:
+			return store.Checkpoint{}, fmt.Errorf("step %d ran in sandbox %s, not here: %w", o.Step, o.Sandbox, errSkipCheckpoint)
+		case o.Step > st.Step && here:
 			return store.Checkpoint{}, fmt.Errorf("step %d ran after it: %w", o.Step, errSkipCheckpoint)
 		}
 	}
@@ -254,8 +260,9 @@ func checkpointAPI(c store.Checkpoint) api.Checkpoint {
 
 // restoreTrajectory recreates a trajectory's sandbox from a checkpoint: a
 // new sandbox of the same spec starts from the snapshot, and the steps up
-// to the checkpoint that ran in the checkpointed sandbox are recorded as
-// being in the new one, so they replay there; later steps run.
+// to the checkpoint — all of whose effects the snapshot holds, see
+// checkpoint — are recorded as being in the new one, so they replay
+// there; later steps run.
 func (s *Server) restoreTrajectory(w http.ResponseWriter, r *http.Request) error {
 	var req api.RestoreRequest
 	if err := httpapi.DecodeJSON(r, &req); err != nil {
@@ -344,7 +351,6 @@ func (s *Server) adoptSteps(ctx context.Context, c store.Checkpoint, sb store.Sa
 	for _, o := range list {
 		if o.Step == c.Step && o.Attempt == c.Attempt {
 			return s.store.MoveSteps(ctx, c.Tenant, c.Trajectory, c.Step,
-				store.StepPlace{Sandbox: c.Sandbox, Generation: c.Generation},
 				store.StepPlace{Sandbox: sb.API.ID, Generation: sb.Generation})
 		}
 	}

@@ -145,10 +145,9 @@ type Store interface {
 	// DeleteCheckpoint removes a checkpoint's record.
 	DeleteCheckpoint(ctx context.Context, c Checkpoint) error
 	// MoveSteps records that the done steps of a trajectory up to step
-	// upTo that ran at from (sandbox, generation) now have their effects
-	// at to: a sandbox restored from a checkpoint. It returns how many
-	// moved.
-	MoveSteps(ctx context.Context, tenant, trajectory string, upTo int64, from, to StepPlace) (int, error)
+	// upTo now have their effects at to: a sandbox restored from a
+	// checkpoint taken after upTo. It returns how many moved.
+	MoveSteps(ctx context.Context, tenant, trajectory string, upTo int64, to StepPlace) (int, error)
 
 	// DeleteLayer removes the tenant's layer name:tag if it still has
 	// digest; removing a missing one succeeds.

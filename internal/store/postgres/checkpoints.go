@@ -119,10 +119,10 @@ func (s *Store) DeleteCheckpoint(ctx context.Context, c store.Checkpoint) error 
 }
 
 // MoveSteps implements store.Store.
-func (s *Store) MoveSteps(ctx context.Context, tenant, trajectory string, upTo int64, from, to store.StepPlace) (int, error) {
+func (s *Store) MoveSteps(ctx context.Context, tenant, trajectory string, upTo int64, to store.StepPlace) (int, error) {
 	tag, err := s.pool.Exec(ctx, `UPDATE trajectory_steps SET sandbox = $1, generation = $2
-		WHERE tenant = $3 AND trajectory = $4 AND step <= $5 AND state = $6 AND sandbox = $7 AND generation = $8`,
-		to.Sandbox, to.Generation, tenant, trajectory, upTo, api.StepDone, from.Sandbox, from.Generation)
+		WHERE tenant = $3 AND trajectory = $4 AND step <= $5 AND state = $6`,
+		to.Sandbox, to.Generation, tenant, trajectory, upTo, api.StepDone)
 	if err != nil {
 		return 0, fmt.Errorf("move trajectory steps: %w", err)
 	}

@@ -135,12 +135,12 @@ func (s *Store) DeleteCheckpoint(ctx context.Context, c store.Checkpoint) error 
 }
 
 // MoveSteps implements store.Store.
-func (s *Store) MoveSteps(ctx context.Context, tenant, trajectory string, upTo int64, from, to store.StepPlace) (int, error) {
+func (s *Store) MoveSteps(ctx context.Context, tenant, trajectory string, upTo int64, to store.StepPlace) (int, error) {
 	var n int64
 	err := s.durable(ctx, func(tx *sql.Tx) error {
 		res, err := tx.ExecContext(ctx, `UPDATE trajectory_steps SET sandbox = ?, generation = ?
-			WHERE tenant = ? AND trajectory = ? AND step <= ? AND sandbox = ? AND generation = ? AND state = ?`,
-			to.Sandbox, to.Generation, tenant, trajectory, upTo, from.Sandbox, from.Generation, api.StepDone)
+			WHERE tenant = ? AND trajectory = ? AND step <= ? AND state = ?`,
+			to.Sandbox, to.Generation, tenant, trajectory, upTo, api.StepDone)
 		if err != nil {
 			return err
 		}
