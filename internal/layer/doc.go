@@ -11,6 +11,7 @@
 // cut into content-defined, zstd-compressed chunks named by their SHA-256
 // and stored once across all layers. FromTar chains extraction and build;
 // Squash merges overlay layer directories for flattening snapshots;
+// Store.Remove deletes layers and the chunks no other layer names;
 // MinimalBase lays out the busybox rootfs of the default base layer. Build
 // and LocalStore are the single-image format of earlier versions, still
 // read.
@@ -19,5 +20,6 @@
 // the directory it was given, whatever the tar says (no path, symlink or hard
 // link in a tar may reach out of it); keep a half-written image or object
 // under its final name; hand out a chunk whose bytes do not match its
-// digest; or mount anything (package mount does that).
+// digest; delete a chunk another stored manifest names; or mount anything
+// (package mount does that).
 package layer

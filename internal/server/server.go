@@ -3,8 +3,9 @@
 // a store.Store), placement through the scheduler, and the calls to the
 // edges that build and run sandboxes. It keeps sandboxes' leases (renew,
 // idle timeout) and reaps those that ran out, runs execs that are steps of
-// a trajectory and keeps their log, and, on start, reconciles its records
-// with what the nodes really run.
+// a trajectory and keeps their log, checkpoints trajectories and restores
+// their sandboxes from checkpoints (collecting the layers of dead ones),
+// and, on start, reconciles its records with what the nodes really run.
 //
 // The server must never run sandbox code or mount anything itself, and a
 // tenant must never learn that another tenant's sandbox or layer exists:
