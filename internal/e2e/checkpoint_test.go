@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -289,4 +290,27 @@ func TestTrajectoryCheckpointBadInput(t *testing.T) {
 			t.Fatalf("another tenant restored: %+v %v", r, err)
 		}
 	})
+}
+
+// TestFrozenSandboxThawedOnRestart: a server killed while a checkpoint
+// (or a pause) had the sandbox frozen leaves it frozen though its record
+// says running; the restarted server thaws it, so its commands run.
+func TestFrozenSandboxThawedOnRestart(t *testing.T) {
+	s := startServer(t)
+	sb := newSandbox(t, s.Client, nil)
+	runcRoot := filepath.Join(s.DataDir, "edge", "container", "runc")
+	if out, err := exec.Command("runc", "--root", runcRoot, "pause", sb.ID).CombinedOutput(); err != nil {
+		t.Fatalf("runc pause: %v: %s", err, out)
+	}
+	s.Kill()
+	s.Restart()
+	ctx, cancel := context.WithTimeout(ctxT(t), 30*time.Second)
+	defer cancel()
+	res, err := s.Client.Exec(ctx, sb.ID, &api.ExecRequest{Shell: "echo thawed"})
+	if err != nil || res.Stdout != "thawed\n" {
+		t.Fatalf("exec after the restart: %+v %v", res, err)
+	}
+	if got, err := s.Client.GetSandbox(ctx, sb.ID); err != nil || got.State != api.StateRunning {
+		t.Fatalf("sandbox after the restart: %+v %v", got, err)
+	}
 }

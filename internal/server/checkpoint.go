@@ -128,7 +128,8 @@ func (s *Server) scheduleCheckpoint(ctx context.Context, sb store.Sandbox, n *no
 	if st.Step == 0 {
 		return
 	}
-	tr, err := s.store.GetTrajectory(ctx, st.Tenant, st.Trajectory)
+	// The step ran to its end even if its client left; so does this.
+	tr, err := s.store.GetTrajectory(context.WithoutCancel(ctx), st.Tenant, st.Trajectory)
 	if err != nil || tr.CheckpointEvery <= 0 || st.Step%tr.CheckpointEvery != 0 {
 		return
 	}
