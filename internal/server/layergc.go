@@ -77,6 +77,7 @@ func (s *Server) collectCheckpoints(ctx context.Context) error {
 			}
 			candidates = append(candidates, c.Digest)
 		}
+		s.layers.forget() // no create may resolve a deleted checkpoint from the cache
 		removed, err := s.removeUnused(ctx, candidates)
 		if err != nil {
 			return err

@@ -85,6 +85,7 @@ func (s *Server) pack(ctx context.Context, sb store.Sandbox, n *node, name, tag 
 	if err := s.store.PutLayer(ctx, l); err != nil {
 		return store.Layer{}, err
 	}
+	s.layers.forget() // the tag may have moved
 	s.log.Info("snapshot stored", "tenant", sb.Tenant, "sandbox", sb.API.ID, "layer", name+":"+tag,
 		"digest", res.Digest, "size", res.Size, "flattened", merge)
 	return l, nil
