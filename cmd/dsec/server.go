@@ -255,7 +255,7 @@ func serverCmd(ctx context.Context, args []string) error {
 		DefaultIdleTimeout: idle.Truncate(time.Second), TrajectoryRetention: *retention,
 		FnCall: fc, BatchParallel: *batchParallel, MaxSnapshotDepth: *snapDepth,
 		Scheduler: scheduler.New(sched), ClusterToken: *clusterToken, NodeTimeout: *nodeTimeout,
-		CheckpointsKept: *ckptKept,
+		CheckpointsKept: *ckptKept, KeepLayerObjects: *db != "",
 	})
 	if *localEdge {
 		nodeLayers, err := nf.nodeLayers(ctx, filepath.Join(dataDir, "edge"), *storeLoc, localStore, layers, legacy, log)

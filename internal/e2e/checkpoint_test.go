@@ -292,25 +292,56 @@ func TestTrajectoryCheckpointBadInput(t *testing.T) {
 	})
 }
 
-// TestFrozenSandboxThawedOnRestart: a server killed while a checkpoint
-// (or a pause) had the sandbox frozen leaves it frozen though its record
-// says running; the restarted server thaws it, so its commands run.
-func TestFrozenSandboxThawedOnRestart(t *testing.T) {
+// TestCheckpointCrashThawed kills the server while a checkpoint has the
+// sandbox frozen: the restarted node thaws it (the freeze was a
+// snapshot's, not a pause), so its commands run again.
+func TestCheckpointCrashThawed(t *testing.T) {
 	s := startServer(t)
-	sb := newSandbox(t, s.Client, nil)
+	c := s.Client
+	ctx := ctxT(t)
+	sb, err := c.CreateSandbox(ctx, &api.CreateSandboxRequest{Layers: &api.LayerRefs{Base: "base:minimal"},
+		Resources: api.Resources{MemoryMB: 512}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.DeleteSandbox(context.Background(), sb.ID) })
+	// Enough data that packing it keeps the sandbox frozen a while.
+	sh(t, c, sb.ID, "head -c 200000000 /dev/urandom > /big")
+	execStep(t, c, sb.ID, &api.ExecRequest{Shell: "true",
+		Trajectory: &api.Trajectory{ID: "crash-ckpt", Step: 1, CheckpointEvery: 1}})
 	runcRoot := filepath.Join(s.DataDir, "edge", "container", "runc")
-	if out, err := exec.Command("runc", "--root", runcRoot, "pause", sb.ID).CombinedOutput(); err != nil {
-		t.Fatalf("runc pause: %v: %s", err, out)
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(5 * time.Millisecond) {
+		out, _ := exec.Command("runc", "--root", runcRoot, "state", sb.ID).Output()
+		if strings.Contains(string(out), `"status": "paused"`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the checkpoint never froze the sandbox: %s", out)
+		}
 	}
 	s.Kill()
 	s.Restart()
-	ctx, cancel := context.WithTimeout(ctxT(t), 30*time.Second)
+	c = s.Client
+	ectx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	res, err := s.Client.Exec(ctx, sb.ID, &api.ExecRequest{Shell: "echo thawed"})
+	res, err := c.Exec(ectx, sb.ID, &api.ExecRequest{Shell: "echo thawed"})
 	if err != nil || res.Stdout != "thawed\n" {
 		t.Fatalf("exec after the restart: %+v %v", res, err)
 	}
-	if got, err := s.Client.GetSandbox(ctx, sb.ID); err != nil || got.State != api.StateRunning {
-		t.Fatalf("sandbox after the restart: %+v %v", got, err)
+	// A sandbox paused through the API stays paused across a restart.
+	if _, err := c.Pause(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	s.Kill()
+	s.Restart()
+	c = s.Client
+	if got, err := c.GetSandbox(ctx, sb.ID); err != nil || got.State != api.StatePaused {
+		t.Fatalf("paused sandbox after a restart: %+v %v", got, err)
+	}
+	if _, err := c.Resume(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := sh(t, c, sb.ID, "echo resumed"); got != "resumed\n" {
+		t.Fatalf("after resume: %q", got)
 	}
 }

@@ -248,10 +248,8 @@ func (s *Server) reconcile(ctx context.Context, nodeID string, c *edge.Client, a
 		return fmt.Errorf("reconcile node %s: %w", nodeID, err)
 	}
 	onNode := map[string]bool{}
-	frozen := map[string]bool{}
 	for _, st := range running {
 		onNode[st.ID] = true
-		frozen[st.ID] = st.State == api.StatePaused
 	}
 	records, _, err := s.store.ListSandboxes(ctx, store.SandboxFilter{
 		AllTenants: true, Node: nodeID,
@@ -281,15 +279,6 @@ func (s *Server) reconcile(ctx context.Context, nodeID string, c *edge.Client, a
 				}
 				if prev == api.StateLost {
 					s.log.Info("reconcile: lost sandbox found again", "sandbox", sb.API.ID, "node", nodeID)
-				}
-			}
-			// A running sandbox the node has frozen was left so by a
-			// snapshot (a checkpoint) or a pause that the previous server
-			// did not see through: thaw it, as the record says.
-			if sb.API.State == api.StateRunning && frozen[sb.API.ID] {
-				s.log.Warn("reconcile: thawing a running sandbox the node had frozen", "sandbox", sb.API.ID, "node", nodeID)
-				if err := c.Resume(ctx, sb.API.ID); err != nil {
-					s.log.Warn("reconcile: thaw", "sandbox", sb.API.ID, "err", err)
 				}
 			}
 			continue

@@ -115,7 +115,7 @@ func (s *Server) removeUnused(ctx context.Context, digests []string) (int, error
 			unused = append(unused, d)
 		}
 	}
-	if len(unused) == 0 || s.cfg.Layers == nil {
+	if len(unused) == 0 || s.cfg.Layers == nil || s.cfg.KeepLayerObjects {
 		return 0, nil
 	}
 	st, err := s.cfg.Layers.Remove(ctx, unused)

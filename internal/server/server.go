@@ -65,6 +65,11 @@ type Config struct {
 	// CheckpointsKept is how many checkpoints a trajectory keeps;
 	// DefaultCheckpointsKept if zero.
 	CheckpointsKept int
+	// KeepLayerObjects makes the collection of dead checkpoints delete
+	// their layer records only, leaving the objects in the layer store:
+	// for control planes with several replicas, whose layer writes a
+	// removal in this process cannot be serialised with.
+	KeepLayerObjects bool
 	// ReapInterval is how often expired sandboxes are looked for.
 	ReapInterval time.Duration
 	// BatchParallel bounds the sandboxes of one batch built at once on

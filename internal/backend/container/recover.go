@@ -24,7 +24,8 @@ const repairWorkers = 8
 
 // Recover implements backend.Backend. After an edge restart it:
 //   - removes sandboxes whose create never finished (no sandbox.json),
-//   - adopts running and paused containers as they are,
+//   - adopts running and paused containers as they are, but thaws those
+//     a snapshot froze (the edge died before it thawed them),
 //   - restarts, over their kept upper dir, containers whose init died and
 //     running ones whose agent can no longer be reached (its socket is
 //     gone or refuses connections),
@@ -80,6 +81,7 @@ func (b *Backend) Recover(ctx context.Context) ([]backend.Spec, error) {
 		st, err := b.runc.state(ctx, id)
 		switch {
 		case err == nil && st.Status == "paused":
+			b.thawAfterSnapshot(ctx, id)
 			adopted = append(adopted, rec)
 		case err == nil && st.Status == "running":
 			if why := b.unreachable(ctx, id); why != nil {
@@ -283,4 +285,19 @@ func (b *Backend) pruneRuntimes(keep map[string]bool) {
 			os.RemoveAll(p)
 		}
 	}
+}
+
+// thawAfterSnapshot resumes a paused sandbox if the freeze was a
+// snapshot's that never ended; a sandbox paused through Pause stays so.
+func (b *Backend) thawAfterSnapshot(ctx context.Context, id string) {
+	marker := filepath.Join(b.dir(id), snapshotFreezeMarker)
+	if _, err := os.Stat(marker); err != nil {
+		return
+	}
+	if err := b.runc.resume(ctx, id); err != nil {
+		b.log.Error("recover: thaw a sandbox a snapshot left frozen", "sandbox", id, "err", err)
+		return
+	}
+	os.Remove(marker)
+	b.log.Warn("recover: thawed a sandbox a snapshot left frozen", "sandbox", id)
 }

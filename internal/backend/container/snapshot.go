@@ -3,10 +3,15 @@ package container
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 
 	"github.com/dsec-project/dsec/internal/errdefs"
 )
+
+// snapshotFreezeMarker, in a sandbox's directory, marks a freeze made by
+// Snapshot, not by Pause.
+const snapshotFreezeMarker = "snapshot-freeze"
 
 // Snapshot implements backend.Backend: runc pause freezes the sandbox's
 // cgroup, so its upper dir stops changing while pack reads it; the upper
@@ -27,13 +32,22 @@ func (b *Backend) Snapshot(ctx context.Context, id string, merge int, pack func(
 		return fmt.Errorf("snapshot sandbox %s: %w", id, err)
 	}
 	if st.Status != "paused" {
+		// The marker says the freeze is the snapshot's: an edge that dies
+		// before the thaw leaves it, and recovery thaws the sandbox.
+		marker := filepath.Join(b.dir(id), snapshotFreezeMarker)
+		if err := os.WriteFile(marker, nil, 0o600); err != nil {
+			return fmt.Errorf("snapshot sandbox %s: %w", id, err)
+		}
 		if err := b.runc.pause(ctx, id); err != nil {
+			os.Remove(marker)
 			return fmt.Errorf("snapshot sandbox %s: freeze: %w", id, err)
 		}
 		defer func() {
 			if rerr := b.runc.resume(context.WithoutCancel(ctx), id); rerr != nil && err == nil {
 				err = fmt.Errorf("snapshot sandbox %s: thaw: %w", id, rerr)
+				return
 			}
+			os.Remove(marker)
 		}()
 	}
 	// The upper dir lives on the sandbox's own disk image, with ids as the
