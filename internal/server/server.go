@@ -243,7 +243,7 @@ func (s *Server) Run(ctx context.Context) {
 
 // Handler is the public HTTP API.
 func (s *Server) Handler() http.Handler {
-	mux := http.NewServeMux()
+	mux := &routeMux{ServeMux: http.NewServeMux()}
 	authed := func(pattern string, h func(http.ResponseWriter, *http.Request) error) {
 		mux.Handle(pattern, s.instrument(pattern, s.authenticated(h, false)))
 	}
