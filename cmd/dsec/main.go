@@ -25,11 +25,11 @@ Server side:
   dsec edge --join URL --token T a node joining a control plane (the edge API over TCP)
 
 Client side (DSEC_URL, DSEC_API_KEY or --url, --key):
-  dsec sandbox create|ls|get|rm|exec|cp|reset|pause|resume|renew
-  dsec trajectory get|rm
-  dsec layer build|import|ls|get
+  dsec sandbox create|ls|get|rm|exec|cp|reset|pause|resume|renew|snapshot
+  dsec trajectory get|rm|restore
+  dsec layer build|import|ls|get|record-prefetch
   dsec tenant create|ls|get|quota
-  dsec key create|rm
+  dsec key create|ls|rm
   dsec fncall [flags] -- CMD...    one call on a warm pool; also: dsec fncall pools|warm
   dsec node ls|get|drain|undrain
   dsec bench create|reset|seccomp|fncall|batch|trajectory|image|microvm|cluster
