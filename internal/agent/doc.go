@@ -1,5 +1,5 @@
 // Package agent is dsec-agent, the executor that runs inside every sandbox:
-// PID 1 of an OCI container (and, later, init of a microVM). It serves an
+// PID 1 of an OCI container, or the init of a microVM. It serves an
 // HTTP/1.1 API on a listener handed to it by the host-side edge — run a
 // command (buffered, streamed as NDJSON, or in the background), read, write,
 // list and remove files — and does the duties of an init: it reaps every

@@ -1,7 +1,7 @@
 // Package backend defines what a node needs from a sandbox runtime: create
 // a sandbox from layer images, reach its agent, reset, pause, destroy, and
 // find its sandboxes again after a restart. Implementations live in
-// sub-packages (container: runc; later microvm) and all pass the behaviour
+// sub-packages (container: runc; microvm: a VM per sandbox) and all pass the behaviour
 // suite in backendtest. A backend must never touch the control plane's
 // state, and must leave nothing behind (mount, cgroup, process, socket,
 // directory) when a create fails half-way or a sandbox is destroyed.

@@ -1,5 +1,5 @@
 // Package backendtest is the behaviour suite every backend.Backend passes:
-// the container backend today, the microVM backend next. It drives the
+// the container backend and the microVM backend. It drives the
 // backend directly (no edge, no server) and talks to each sandbox's agent
 // through Backend.Dial.
 package backendtest
