@@ -3,6 +3,8 @@ package testutil
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"os/exec"
@@ -32,22 +34,39 @@ func RepoRoot() string {
 }
 
 // Binaries builds dsec and a static dsec-agent once per test process and
-// returns the directory holding both.
+// returns the directory holding both. The directory is one per source
+// tree (test processes of other checkouts on the machine get their own),
+// shared by every test process of this tree and kept between runs, so
+// that tests leave nothing behind; each build lands by an atomic rename,
+// and a process that already runs an older binary keeps running it.
 func Binaries(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
-		binDir, buildErr = os.MkdirTemp("", "dsec-test-bin-")
-		if buildErr != nil {
+		root, err := filepath.Abs(RepoRoot())
+		if err != nil {
+			buildErr = err
+			return
+		}
+		sum := sha256.Sum256([]byte(root))
+		binDir = filepath.Join(os.TempDir(), "dsec-test-bin-"+hex.EncodeToString(sum[:6]))
+		if buildErr = os.MkdirAll(binDir, 0o755); buildErr != nil {
 			return
 		}
 		for _, b := range []struct{ out, pkg string }{
 			{"dsec-agent", "./cmd/dsec-agent"}, {"dsec", "./cmd/dsec"},
 		} {
-			cmd := exec.Command("go", "build", "-o", filepath.Join(binDir, b.out), b.pkg)
-			cmd.Dir = RepoRoot()
+			tmp := filepath.Join(binDir, fmt.Sprintf(".%s.%d", b.out, os.Getpid()))
+			cmd := exec.Command("go", "build", "-o", tmp, b.pkg)
+			cmd.Dir = root
 			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 			if out, err := cmd.CombinedOutput(); err != nil {
+				os.Remove(tmp)
 				buildErr = fmt.Errorf("go build %s: %v\n%s", b.pkg, err, out)
+				return
+			}
+			if err := os.Rename(tmp, filepath.Join(binDir, b.out)); err != nil {
+				os.Remove(tmp)
+				buildErr = err
 				return
 			}
 		}
