@@ -44,7 +44,7 @@ func startNode(t *testing.T, id string, st *layer.Store) *node {
 	t.Cleanup(func() { fs.Close() })
 	b, err := container.New(container.Config{
 		Root: filepath.Join(root, "container"), AgentPath: filepath.Join(testutil.Binaries(t), "dsec-agent"),
-		CgroupParent: "dsec-test-" + filepath.Base(root),
+		CgroupParent: "dsec-test-" + filepath.Base(filepath.Dir(root)) + "-" + filepath.Base(root), // root is <TestName><random>/NNN
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -560,8 +560,17 @@ func (b *Backend) State(ctx context.Context, id string) (string, error) {
 	return api.StateFailed, nil
 }
 
-// Close implements io.Closer; the backend holds nothing that needs it.
-func (b *Backend) Close() error { return nil }
+// Close implements io.Closer: it removes the cgroup parent where it holds
+// no sandbox any more (the kernel refuses to remove one that still holds a
+// sandbox's cgroup, so sandboxes that outlive the edge keep theirs, and
+// the next start makes it again).
+func (b *Backend) Close() error {
+	dirs, _ := filepath.Glob(filepath.Join(cgroupRoot, "*", b.cfg.CgroupParent))
+	for _, d := range append(dirs, filepath.Join(cgroupRoot, b.cfg.CgroupParent)) {
+		unix.Rmdir(d) // EBUSY: sandboxes live on; ENOENT/ENOTDIR: none here
+	}
+	return nil
+}
 
 // shortPath returns a name for path that fits in a sockaddr_un (108
 // bytes): the path itself if short, else the name through an O_PATH file
