@@ -74,6 +74,7 @@ type Backend struct {
 	runtime string // the lowest lower layer: the agent and mount points
 	disks   *disk.Templates
 	nets    netState
+	userns  usernsCache
 	log     *slog.Logger
 
 	mu        sync.Mutex

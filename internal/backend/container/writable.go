@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 
 	"golang.org/x/sys/unix"
 
@@ -70,12 +71,48 @@ func (b *Backend) mountDisk(ctx context.Context, rec *record) error {
 // layer mounted at upperRoot, every layer idmapped to the sandbox's id
 // range.
 func (b *Backend) mountRootfs(rec *record, upperRoot, rootfs string) error {
-	ns, err := idmap.UserNS(rec.UIDs)
+	ns, err := b.userns.get(rec.UIDs)
 	if err != nil {
 		return err
 	}
-	defer ns.Close()
 	return idmap.Overlay(rec.UIDs, ns, rec.Lowers, upperRoot, rootfs)
+}
+
+// usernsCache keeps the user namespace that idmaps layers to each id
+// range, made the first time the range is used. Making one clones a
+// process, which copies the page tables of the whole edge; a range is
+// used again by every reset of its sandbox and by later sandboxes. The
+// namespace only describes the mapping for mount_setattr (each container
+// gets its own user namespace from runc), so one per range is the same as
+// one per mount. At most one per range of the node is kept.
+type usernsCache struct {
+	mu sync.Mutex
+	m  map[uint32]*os.File
+}
+
+func (c *usernsCache) get(r idmap.Range) (*os.File, error) {
+	c.mu.Lock()
+	f, ok := c.m[r.Base]
+	c.mu.Unlock()
+	if ok {
+		return f, nil
+	}
+	// Made outside the lock: creates of different ranges go on together.
+	f, err := idmap.UserNS(r)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if prev, ok := c.m[r.Base]; ok {
+		f.Close()
+		return prev, nil
+	}
+	if c.m == nil {
+		c.m = map[uint32]*os.File{}
+	}
+	c.m[r.Base] = f
+	return f, nil
 }
 
 // allocUIDs reserves a free id range for sandbox id.
