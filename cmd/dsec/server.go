@@ -169,6 +169,17 @@ func (n *nodeFlags) startEdge(ctx context.Context, dataDir string, layers edge.L
 		if mb != nil {
 			mb.Close()
 		}
+		// A node that stops with no sandbox left leaves no FUSE mount or
+		// process behind; one whose sandboxes live on keeps their blobfs.
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if stopped, err := blobfs.StopDaemon(sctx, filepath.Join(dataDir, "blobfs")); err != nil {
+			log.Warn("blobfs left running", "err", err)
+		} else if stopped {
+			log.Info("blobfs stopped: no layer in use")
+		} else {
+			log.Info("blobfs left serving the sandboxes that outlive this process")
+		}
 	}, nil
 }
 

@@ -57,9 +57,23 @@ func Serve(ctx context.Context, dir string, cfg Config) error {
 		f.Close()
 		return err
 	}
-	srv := &http.Server{Handler: f.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	mux := http.NewServeMux()
+	mux.Handle("/", f.Handler())
+	mux.HandleFunc("POST /v1/stop", func(w http.ResponseWriter, r *http.Request) {
+		if err := f.Unmount(); err != nil {
+			http.Error(w, err.Error(), http.StatusConflict)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go srv.Serve(l)
-	defer srv.Close()
+	defer func() {
+		// Let a stop request that ended the mount have its answer.
+		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		srv.Shutdown(sctx)
+	}()
 	if err := os.WriteFile(pidPath(dir), []byte(strconv.Itoa(os.Getpid())), 0o600); err != nil {
 		f.Close()
 		return err
@@ -180,6 +194,40 @@ func lastLines(b []byte, n int) string {
 		}
 	}
 	return string(b)
+}
+
+// StopDaemon asks the blobfs serving dir to unmount and exit, which it
+// does only if nothing reads through it any more: no layer mounted over
+// it, no blob open. It reports whether none serves dir now; a blobfs still
+// in use (sandboxes that outlive their edge) is left serving.
+func StopDaemon(ctx context.Context, dir string) (stopped bool, err error) {
+	if !alive(MountDir(dir)) {
+		return true, nil
+	}
+	c := http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", socketPath(dir))
+	}}}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://blobfs/v1/stop", nil)
+	resp, err := c.Do(req)
+	if err != nil {
+		return false, fmt.Errorf("stop blobfs: %w", err)
+	}
+	resp.Body.Close()
+	switch resp.StatusCode {
+	case http.StatusOK:
+	case http.StatusConflict:
+		return false, nil
+	default:
+		return false, fmt.Errorf("stop blobfs: %s", resp.Status)
+	}
+	// The mount is gone; wait for the process to remove its pid file.
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if _, err := os.Stat(pidPath(dir)); errors.Is(err, os.ErrNotExist) {
+			return true, nil
+		}
+	}
+	return true, nil
 }
 
 // DaemonTouched asks the blobfs serving dir for the chunks of a layer's

@@ -142,6 +142,18 @@ func (f *FS) Close() error {
 	return fmt.Errorf("unmount blobfs: %w", err)
 }
 
+// Unmount unmounts the file system if nothing uses it: one attempt,
+// without Close's retries, so that a mount in use goes on serving as it
+// was.
+func (f *FS) Unmount() error {
+	if err := f.server.Unmount(); err != nil {
+		return fmt.Errorf("unmount blobfs: %w", err)
+	}
+	f.cancel()
+	f.wg.Wait()
+	return nil
+}
+
 // Wait blocks until the file system is unmounted.
 func (f *FS) Wait() { f.server.Wait() }
 

@@ -3,12 +3,15 @@ package e2e
 import (
 	"crypto/md5"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -297,4 +300,51 @@ func TestRestartOnDemandLayers(t *testing.T) {
 func md5hex(s string) string {
 	sum := md5.Sum([]byte(s))
 	return hex.EncodeToString(sum[:])
+}
+
+// TestStopLeavesBlobfsOnlyInUse: a server stopped while a sandbox reads
+// through the node's blobfs leaves it serving (the sandbox carries on
+// across the restart); stopped with no sandbox left, it leaves no FUSE
+// process and no mount behind.
+func TestStopLeavesBlobfsOnlyInUse(t *testing.T) {
+	s := startServer(t, "--layer-direct-below", "0")
+	c := s.Client
+	ctx := ctxT(t)
+	big := strings.Repeat("fedcba9876543210", 1<<16)
+	if _, err := c.CreateLayer(ctx, api.KindWorkspace, "lazy:1", makeTar(t, tarFile{name: "data/big", body: big}), false); err != nil {
+		t.Fatal(err)
+	}
+	sb := newSandbox(t, c, &api.LayerRefs{Base: "base:minimal", Workspace: "lazy:1"})
+	bfs := filepath.Join(s.DataDir, "edge", "blobfs")
+	pid, err := os.ReadFile(filepath.Join(bfs, "blobfs.pid"))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	s.Stop()
+	if again, err := os.ReadFile(filepath.Join(bfs, "blobfs.pid")); err != nil || string(again) != string(pid) {
+		t.Fatalf("after a stop with a sandbox on it: blobfs pid %q (%v), want %q still serving", again, err, pid)
+	}
+	s.Restart()
+	c = s.Client
+	if got := sh(t, c, sb.ID, "md5sum < /data/big"); got != md5hex(big)+"  -\n" {
+		t.Fatalf("after the restart, /data/big hashes to %q", got)
+	}
+	if err := c.DeleteSandbox(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+
+	s.Stop()
+	n, _ := strconv.Atoi(strings.TrimSpace(string(pid)))
+	if _, err := os.Stat(filepath.Join(bfs, "blobfs.pid")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("blobfs pid file after a stop with no sandbox: %v", err)
+	}
+	if n > 0 && syscall.Kill(n, 0) == nil {
+		if cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", n)); strings.Contains(string(cmd), "blobfs") {
+			t.Errorf("blobfs process %d still runs after a stop with no sandbox", n)
+		}
+	}
+	if mounts, _ := os.ReadFile("/proc/self/mounts"); strings.Contains(string(mounts), s.DataDir+"/") {
+		t.Errorf("mounts left under the data dir:\n%s", mounts)
+	}
 }

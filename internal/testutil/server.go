@@ -189,7 +189,22 @@ func (s *Server) Kill() {
 	s.logs.Close()
 }
 
-// Restart starts the server again on the same data dir (after Kill).
+// Stop stops the server with SIGTERM, as an operator would, and waits for
+// it. Its sandboxes keep running.
+func (s *Server) Stop() {
+	s.t.Helper()
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-s.done:
+	case <-time.After(30 * time.Second):
+		s.t.Errorf("server did not stop within 30s of SIGTERM")
+		s.cmd.Process.Signal(syscall.SIGKILL)
+		<-s.done
+	}
+	s.logs.Close()
+}
+
+// Restart starts the server again on the same data dir (after Kill or Stop).
 func (s *Server) Restart() {
 	s.t.Helper()
 	if i := indexOf(s.args, "--listen"); i >= 0 {
