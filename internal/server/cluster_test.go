@@ -42,7 +42,10 @@ func newReplica(t *testing.T, st store.Store, c *sim.Cluster, keyPath string) *r
 	ctx, cancel := context.WithCancel(context.Background())
 	srv := server.New(server.Config{
 		Store: st, Scheduler: scheduler.New(scheduler.DefaultConfig), NewNodeClient: c.NewClient,
-		NodeTimeout: 2 * time.Second, SyncInterval: 50 * time.Millisecond, ReapInterval: time.Hour,
+		// Heartbeats go every 100 ms; a node is down after 5 s of silence,
+		// long enough that a loaded CI machine never takes a live one for
+		// dead (which marks its sandboxes lost under a running create).
+		NodeTimeout: 5 * time.Second, SyncInterval: 50 * time.Millisecond, ReapInterval: time.Hour,
 		Logger: slog.New(slog.DiscardHandler),
 	})
 	key, err := server.Bootstrap(ctx, st, keyPath)
@@ -132,7 +135,7 @@ func utilisation(t *testing.T, r *replica) float64 {
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
