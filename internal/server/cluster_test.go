@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -46,7 +47,7 @@ func newReplica(t *testing.T, st store.Store, c *sim.Cluster, keyPath string) *r
 		// long enough that a loaded CI machine never takes a live one for
 		// dead (which marks its sandboxes lost under a running create).
 		NodeTimeout: 5 * time.Second, SyncInterval: 50 * time.Millisecond, ReapInterval: time.Hour,
-		Logger: slog.New(slog.DiscardHandler),
+		Logger: testLogger(),
 	})
 	key, err := server.Bootstrap(ctx, st, keyPath)
 	if err != nil {
@@ -456,4 +457,11 @@ func TestBatchPlacesThroughTheStore(t *testing.T) {
 	if u, _ := r.store.Usage(ctx, tn.ID); u.Sandboxes != 1500 {
 		t.Fatalf("tenant usage after the batch: %+v", u)
 	}
+}
+
+func testLogger() *slog.Logger {
+	if os.Getenv("DSEC_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.DiscardHandler)
 }
