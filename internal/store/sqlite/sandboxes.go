@@ -3,49 +3,22 @@ package sqlite
 import (
 	"context"
 	"database/sql"
-	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"regexp"
-	"slices"
 	"strings"
 	"time"
 
 	"github.com/dsec-project/dsec/internal/errdefs"
 	"github.com/dsec-project/dsec/internal/store"
+	"github.com/dsec-project/dsec/internal/store/sqlstore"
 )
 
-const sandboxInsert = `INSERT INTO sandboxes (tenant, state, node, expires_at, deleted_at, last_active, doc,
-	mcpu, memory_mb, pids, idle_timeout, id, version, charged) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?)`
-
-// sandboxArgs are the column values of a record, in sandboxInsert's order
-// (without version and charged): args[10] is the idle timeout, args[11]
-// the id.
-func sandboxArgs(sb *store.Sandbox) ([]any, error) {
-	doc, err := json.Marshal(sb)
-	if err != nil {
-		return nil, fmt.Errorf("encode sandbox: %w", err)
-	}
-	var expires, deleted any
-	if sb.API.ExpiresAt != nil {
-		expires = nanos(*sb.API.ExpiresAt)
-	}
-	if sb.DeletedAt != nil {
-		deleted = nanos(*sb.DeletedAt)
-	}
-	r := sb.API.Resources
-	idle := sb.API.IdleTimeoutSeconds * int64(time.Second)
-	return []any{sb.Tenant, sb.API.State, sb.API.Node, expires, deleted, nanos(sb.LastActive), string(doc),
-		store.MilliCPU(r.CPU), r.MemoryMB, r.Pids, idle, sb.API.ID}, nil
-}
-
 func (s *Store) insertSandbox(tx *sql.Tx, sb *store.Sandbox, charged bool) error {
-	args, err := sandboxArgs(sb)
+	args, err := sqlstore.SandboxArgs(sb)
 	if err != nil {
 		return err
 	}
-	_, err = s.exec(tx, sandboxInsert, append(args, charged)...)
+	_, err = s.exec(tx, sqlstore.SandboxInsert, sqlstore.InsertArgs(args, charged)...)
 	if isUnique(err) {
 		return fmt.Errorf("sandbox %s: %w", sb.API.ID, errdefs.ErrAlreadyExists)
 	}
@@ -57,48 +30,34 @@ func (s *Store) insertSandbox(tx *sql.Tx, sb *store.Sandbox, charged bool) error
 
 // CreateSandbox implements store.Store.
 func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
-	err := s.write(ctx, func(tx *sql.Tx) error { return s.insertSandbox(tx, sb, false) })
-	if err != nil {
-		return err
-	}
-	sb.Version = 1
-	return nil
+	return s.CreateSandboxes(ctx, []*store.Sandbox{sb})
 }
 
 // CreateSandboxes implements store.Store: one transaction (shared with
 // other writes, see writer.go), one prepared statement.
 func (s *Store) CreateSandboxes(ctx context.Context, list []*store.Sandbox) error {
-	if len(list) == 0 {
-		return nil
-	}
-	err := s.write(ctx, func(tx *sql.Tx) error {
-		for _, sb := range list {
-			if err := s.insertSandbox(tx, sb, false); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	for _, sb := range list {
-		sb.Version = 1
-	}
-	return nil
+	return s.insertSandboxes(ctx, list, false)
 }
 
 // PlaceSandboxes implements store.Store.
 func (s *Store) PlaceSandboxes(ctx context.Context, sbs []*store.Sandbox) error {
+	return s.insertSandboxes(ctx, sbs, true)
+}
+
+// insertSandboxes inserts records in one write, charged to their nodes
+// and tenants first if charged.
+func (s *Store) insertSandboxes(ctx context.Context, sbs []*store.Sandbox, charged bool) error {
 	if len(sbs) == 0 {
 		return nil
 	}
 	err := s.write(ctx, func(tx *sql.Tx) error {
-		if err := s.charge(tx, sbs); err != nil {
-			return err
+		if charged {
+			if err := s.charge(tx, sbs); err != nil {
+				return err
+			}
 		}
 		for _, sb := range sbs {
-			if err := s.insertSandbox(tx, sb, true); err != nil {
+			if err := s.insertSandbox(tx, sb, charged); err != nil {
 				return err
 			}
 		}
@@ -112,54 +71,14 @@ func (s *Store) PlaceSandboxes(ctx context.Context, sbs []*store.Sandbox) error 
 	}
 	return nil
 }
-
-// totals sums charges by key, keys sorted (a fixed lock order).
-type totals struct {
-	keys []string
-	by   map[string]*store.Charge
-}
-
-func sum(sbs []*store.Sandbox, key func(*store.Sandbox) string) totals {
-	t := totals{by: map[string]*store.Charge{}}
-	for _, sb := range sbs {
-		k := key(sb)
-		c, ok := t.by[k]
-		if !ok {
-			c = &store.Charge{}
-			t.by[k] = c
-			t.keys = append(t.keys, k)
-		}
-		c.Add(store.ChargeOf(sb.API.Resources))
-	}
-	slices.Sort(t.keys)
-	return t
-}
-
-const (
-	nodeCharge = `UPDATE nodes SET alloc_mcpu = alloc_mcpu + ?, alloc_memory_mb = alloc_memory_mb + ?,
-		alloc_pids = alloc_pids + ?, sandboxes = sandboxes + ?
-	WHERE id = ? AND state = 'up' AND drain = 0 AND alloc_memory_mb + ? <= limit_memory_mb
-		AND (limit_mcpu = 0 OR alloc_mcpu + ? <= limit_mcpu) AND (limit_pids = 0 OR alloc_pids + ? <= limit_pids)`
-	nodeRelease = `UPDATE nodes SET alloc_mcpu = alloc_mcpu - ?, alloc_memory_mb = alloc_memory_mb - ?,
-		alloc_pids = alloc_pids - ?, sandboxes = sandboxes - ? WHERE id = ?`
-	tenantCharge = `INSERT INTO tenant_usage (tenant, sandboxes, mcpu, memory_mb) VALUES (?, ?, ?, ?)
-	ON CONFLICT (tenant) DO UPDATE SET sandboxes = tenant_usage.sandboxes + excluded.sandboxes,
-		mcpu = tenant_usage.mcpu + excluded.mcpu, memory_mb = tenant_usage.memory_mb + excluded.memory_mb
-	WHERE (tenant_usage.max_sandboxes = 0 OR tenant_usage.sandboxes + excluded.sandboxes <= tenant_usage.max_sandboxes)
-		AND (tenant_usage.max_mcpu = 0 OR tenant_usage.mcpu + excluded.mcpu <= tenant_usage.max_mcpu)
-		AND (tenant_usage.max_memory_mb = 0 OR tenant_usage.memory_mb + excluded.memory_mb <= tenant_usage.max_memory_mb)`
-	tenantRelease = `UPDATE tenant_usage SET sandboxes = sandboxes - ?, mcpu = mcpu - ?, memory_mb = memory_mb - ?
-	WHERE tenant = ?`
-)
 
 // charge books the sandboxes' resources on their nodes and
 // tenants, or fails with a *store.PlaceError having changed nothing the
 // caller's savepoint does not undo.
 func (s *Store) charge(tx *sql.Tx, sbs []*store.Sandbox) error {
-	nodes := sum(sbs, func(sb *store.Sandbox) string { return sb.API.Node })
-	for _, id := range nodes.keys {
-		c := nodes.by[id]
-		res, err := s.exec(tx, nodeCharge, c.MilliCPU, c.MemoryMB, c.Pids, c.Sandboxes, id, c.MemoryMB, c.MilliCPU, c.Pids)
+	nodes := sqlstore.Sum(sbs, func(sb *store.Sandbox) string { return sb.API.Node })
+	for _, id := range nodes.Keys {
+		res, err := s.exec(tx, sqlstore.NodeCharge, sqlstore.NodeChargeArgs(id, *nodes.By[id])...)
 		if err != nil {
 			return fmt.Errorf("charge node %s: %w", id, err)
 		}
@@ -167,10 +86,9 @@ func (s *Store) charge(tx *sql.Tx, sbs []*store.Sandbox) error {
 			return &store.PlaceError{Node: id, Err: store.ErrNodeFull}
 		}
 	}
-	tenants := sum(sbs, func(sb *store.Sandbox) string { return sb.Tenant })
-	for _, id := range tenants.keys {
-		c := tenants.by[id]
-		res, err := s.exec(tx, tenantCharge, id, c.Sandboxes, c.MilliCPU, c.MemoryMB)
+	tenants := sqlstore.Sum(sbs, func(sb *store.Sandbox) string { return sb.Tenant })
+	for _, id := range tenants.Keys {
+		res, err := s.exec(tx, sqlstore.TenantCharge, sqlstore.TenantChargeArgs(id, *tenants.By[id])...)
 		if err != nil {
 			return fmt.Errorf("charge tenant %s: %w", id, err)
 		}
@@ -182,60 +100,36 @@ func (s *Store) charge(tx *sql.Tx, sbs []*store.Sandbox) error {
 }
 
 // release returns one record's charge, as stored.
-func (s *Store) release(tx *sql.Tx, node, tenant string, c store.Charge) error {
-	if _, err := s.exec(tx, nodeRelease, c.MilliCPU, c.MemoryMB, c.Pids, 1, node); err != nil {
-		return fmt.Errorf("release node %s: %w", node, err)
+func (s *Store) release(tx *sql.Tx, st sqlstore.Stored) error {
+	if _, err := s.exec(tx, sqlstore.NodeRelease, sqlstore.NodeReleaseArgs(st.Node, st.Charge)...); err != nil {
+		return fmt.Errorf("release node %s: %w", st.Node, err)
 	}
-	if _, err := s.exec(tx, tenantRelease, 1, c.MilliCPU, c.MemoryMB, tenant); err != nil {
-		return fmt.Errorf("release tenant %s: %w", tenant, err)
+	if _, err := s.exec(tx, sqlstore.TenantRelease, sqlstore.TenantReleaseArgs(st.Tenant, st.Charge)...); err != nil {
+		return fmt.Errorf("release tenant %s: %w", st.Tenant, err)
 	}
 	return nil
 }
 
-// stored is what a record's columns say about its charge.
-type stored struct {
-	version int64
-	charged bool
-	node    string
-	tenant  string
-	charge  store.Charge
-}
-
-const readStoredQuery = `SELECT version, charged, node, tenant, mcpu, memory_mb, pids FROM sandboxes WHERE id = ?`
-
-func (s *Store) readStored(tx *sql.Tx, id string) (stored, error) {
-	var st stored
-	err := s.queryRow(tx, readStoredQuery, id).
-		Scan(&st.version, &st.charged, &st.node, &st.tenant, &st.charge.MilliCPU, &st.charge.MemoryMB, &st.charge.Pids)
+func (s *Store) readStored(tx *sql.Tx, id string) (sqlstore.Stored, error) {
+	st, err := sqlstore.ScanStored(s.queryRow(tx, sqlstore.StoredGet, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return st, errdefs.NotFound("sandbox %s", id)
 	}
 	if err != nil {
 		return st, fmt.Errorf("read sandbox %s: %w", id, err)
 	}
-	st.charge.Sandboxes = 1
 	return st, nil
 }
 
-const sandboxUpdate = `UPDATE sandboxes SET tenant = ?, state = ?, node = ?, expires_at = ?, deleted_at = ?,
-	last_active = ?, doc = ?, mcpu = ?, memory_mb = ?, pids = ?, idle_timeout = ?, charged = ?, version = version + 1
-	WHERE id = ? AND version = ?`
-
-// sandboxUpdateLive is UpdateSandbox's one-statement path for the common
-// update, one that ends nothing (DeletedAt stays nil) of a record that is
-// live: its charge, node and tenant stay as they are.
-const sandboxUpdateLive = `UPDATE sandboxes SET state = ?, expires_at = ?, last_active = ?, doc = ?, idle_timeout = ?, version = version + 1
-	WHERE id = ? AND version = ? AND node = ? AND tenant = ? AND deleted_at IS NULL`
-
 // UpdateSandbox implements store.Store.
 func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
-	args, err := sandboxArgs(sb)
+	args, err := sqlstore.SandboxArgs(sb)
 	if err != nil {
 		return err
 	}
 	err = s.write(ctx, func(tx *sql.Tx) error {
 		if sb.DeletedAt == nil {
-			res, err := s.exec(tx, sandboxUpdateLive, args[1], args[3], args[5], args[6], args[10], sb.API.ID, sb.Version, sb.API.Node, sb.Tenant)
+			res, err := s.exec(tx, sqlstore.SandboxUpdateLive, sqlstore.LiveUpdateArgs(args, sb)...)
 			if err != nil {
 				return fmt.Errorf("update sandbox: %w", err)
 			}
@@ -248,24 +142,16 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
 		if err != nil {
 			return err
 		}
-		if st.version != sb.Version {
-			return fmt.Errorf("update sandbox %s: %w", sb.API.ID, store.ErrConflict)
+		upd, release, err := sqlstore.Update(sb, args, st)
+		if err != nil {
+			return err
 		}
-		charged := st.charged
-		if charged {
-			if sb.API.Node != st.node || sb.Tenant != st.tenant {
-				return errdefs.Invalid("sandbox %s: a charged record changes node only through MoveSandbox", sb.API.ID)
-			}
-			// The charge is what was booked, whatever the record now says.
-			args[7], args[8], args[9] = st.charge.MilliCPU, st.charge.MemoryMB, st.charge.Pids
-			if sb.DeletedAt != nil {
-				if err := s.release(tx, st.node, st.tenant, st.charge); err != nil {
-					return err
-				}
-				charged = false
+		if release {
+			if err := s.release(tx, st); err != nil {
+				return err
 			}
 		}
-		res, err := s.exec(tx, sandboxUpdate, append(args[:11:11], charged, sb.API.ID, sb.Version)...)
+		res, err := s.exec(tx, sqlstore.SandboxUpdate, upd...)
 		if err != nil {
 			return fmt.Errorf("update sandbox: %w", err)
 		}
@@ -283,9 +169,7 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
 
 // MoveSandbox implements store.Store.
 func (s *Store) MoveSandbox(ctx context.Context, sb *store.Sandbox, node string) error {
-	moved := *sb
-	moved.API.Node = node
-	args, err := sandboxArgs(&moved)
+	moved, args, err := sqlstore.Moved(sb, node)
 	if err != nil {
 		return err
 	}
@@ -294,19 +178,16 @@ func (s *Store) MoveSandbox(ctx context.Context, sb *store.Sandbox, node string)
 		if err != nil {
 			return err
 		}
-		if st.version != sb.Version {
-			return fmt.Errorf("move sandbox %s: %w", sb.API.ID, store.ErrConflict)
-		}
-		if !st.charged {
-			return fmt.Errorf("move sandbox %s: it holds no charge: %w", sb.API.ID, errdefs.ErrFailedPrecondition)
-		}
-		if err := s.release(tx, st.node, st.tenant, st.charge); err != nil {
+		if err := sqlstore.CheckMove(sb, st); err != nil {
 			return err
 		}
-		if err := s.charge(tx, []*store.Sandbox{&moved}); err != nil {
+		if err := s.release(tx, st); err != nil {
 			return err
 		}
-		if _, err := s.exec(tx, sandboxUpdate, append(args[:11:11], true, sb.API.ID, sb.Version)...); err != nil {
+		if err := s.charge(tx, []*store.Sandbox{moved}); err != nil {
+			return err
+		}
+		if _, err := s.exec(tx, sqlstore.SandboxUpdate, sqlstore.UpdateArgs(args, sb, true)...); err != nil {
 			return fmt.Errorf("move sandbox: %w", err)
 		}
 		return nil
@@ -323,8 +204,7 @@ func (s *Store) MoveSandbox(ctx context.Context, sb *store.Sandbox, node string)
 func (s *Store) MarkSandboxesLost(ctx context.Context, node string) (int, error) {
 	var n int64
 	err := s.write(ctx, func(tx *sql.Tx) error {
-		res, err := tx.Exec(`UPDATE sandboxes SET state = 'lost', version = version + 1
-			WHERE node = ? AND state IN ('creating', 'running', 'paused')`, node)
+		res, err := tx.Exec(sqlstore.SandboxesLost, node)
 		if err != nil {
 			return fmt.Errorf("mark sandboxes of node %s lost: %w", node, err)
 		}
@@ -334,11 +214,9 @@ func (s *Store) MarkSandboxesLost(ctx context.Context, node string) (int, error)
 	return int(n), err
 }
 
-const getSandboxQuery = `SELECT ` + sandboxCols + ` FROM sandboxes WHERE id = ?`
-
 // GetSandbox implements store.Store.
 func (s *Store) GetSandbox(ctx context.Context, id string) (store.Sandbox, error) {
-	sb, err := scanSandbox(s.readRow(ctx, getSandboxQuery, id))
+	sb, err := sqlstore.ScanSandbox(s.readRow(ctx, sqlstore.SandboxGet, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return store.Sandbox{}, errdefs.NotFound("sandbox %s", id)
 	}
@@ -348,118 +226,50 @@ func (s *Store) GetSandbox(ctx context.Context, id string) (store.Sandbox, error
 	return sb, nil
 }
 
-// sandboxCols: the state column is authoritative (MarkSandboxesLost sets
-// it without rewriting the document).
-const sandboxCols = `doc, last_active, version, state`
-
-func scanSandbox(sc interface{ Scan(...any) error }) (store.Sandbox, error) {
-	var sb store.Sandbox
-	var doc []byte
-	var active int64
-	var state string
-	if err := sc.Scan(&doc, &active, &sb.Version, &state); err != nil {
-		return sb, err
-	}
-	if err := json.Unmarshal(doc, &sb); err != nil {
-		return sb, fmt.Errorf("decode sandbox: %w", err)
-	}
-	sb.API.State = state
-	sb.LastActive = fromNanos(active)
-	return sb, nil
-}
-
-const touchQuery = `UPDATE sandboxes SET last_active = ? WHERE id = ?`
-
 // TouchSandbox implements store.Store.
 func (s *Store) TouchSandbox(ctx context.Context, id string, t time.Time) error {
 	return s.write(ctx, func(tx *sql.Tx) error {
-		if _, err := s.exec(tx, touchQuery, nanos(t), id); err != nil {
+		if _, err := s.exec(tx, sqlstore.SandboxTouch, sqlstore.Nanos(t), id); err != nil {
 			return fmt.Errorf("touch sandbox: %w", err)
 		}
 		return nil
 	})
 }
 
-var labelKey = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$`)
+// dialect writes SQLite's IN lists and reads labels with json_extract
+// (the key, checked, is part of the JSON path).
+var dialect = sqlstore.Dialect{
+	StateIn: func(states []string) (string, []any) {
+		args := make([]any, len(states))
+		for i, st := range states {
+			args[i] = st
+		}
+		return "state IN (?" + strings.Repeat(",?", len(states)-1) + ")", args
+	},
+	Label: func(k, v string) (string, []any) {
+		return `json_extract(doc, '$.API.labels."` + k + `"') = ?`, []any{v}
+	},
+}
 
 // ListSandboxes implements store.Store. Pages are in id order; the page
 // token is the last id of the previous page.
 func (s *Store) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]store.Sandbox, string, error) {
-	var where []string
-	var args []any
-	if !f.AllTenants {
-		where = append(where, "tenant = ?")
-		args = append(args, f.Tenant)
-	}
-	if f.Node != "" {
-		where = append(where, "node = ?")
-		args = append(args, f.Node)
-	}
-	if len(f.States) > 0 {
-		where = append(where, "state IN (?"+strings.Repeat(",?", len(f.States)-1)+")")
-		for _, st := range f.States {
-			args = append(args, st)
-		}
-	}
-	for k, v := range f.Labels {
-		if !labelKey.MatchString(k) {
-			return nil, "", errdefs.Invalid("label key %q", k)
-		}
-		where = append(where, `json_extract(doc, '$.API.labels."`+k+`"') = ?`)
-		args = append(args, v)
-	}
-	if f.ExpiredBy != nil {
-		where = append(where, "expires_at IS NOT NULL AND expires_at <= ?")
-		args = append(args, nanos(*f.ExpiredBy))
-	}
-	if f.IdleBy != nil {
-		where = append(where, "idle_timeout > 0 AND (last_active + idle_timeout) <= ?")
-		args = append(args, nanos(*f.IdleBy))
-	}
-	if f.PageToken != "" {
-		after, err := base64.RawURLEncoding.DecodeString(f.PageToken)
-		if err != nil {
-			return nil, "", errdefs.Invalid("bad page token")
-		}
-		where = append(where, "id > ?")
-		args = append(args, string(after))
-	}
-	q := `SELECT ` + sandboxCols + ` FROM sandboxes`
-	if len(where) > 0 {
-		q += " WHERE " + strings.Join(where, " AND ")
-	}
-	q += " ORDER BY id"
-	if f.Limit > 0 {
-		q += fmt.Sprintf(" LIMIT %d", f.Limit+1)
+	q, args, err := sqlstore.ListQuery(f, dialect)
+	if err != nil {
+		return nil, "", err
 	}
 	rows, err := s.r.QueryContext(ctx, q, args...)
+	out, err := collect(rows, err, "list sandboxes", sqlstore.ScanSandbox)
 	if err != nil {
-		return nil, "", fmt.Errorf("list sandboxes: %w", err)
+		return nil, "", err
 	}
-	defer rows.Close()
-	var out []store.Sandbox
-	for rows.Next() {
-		sb, err := scanSandbox(rows)
-		if err != nil {
-			return nil, "", fmt.Errorf("list sandboxes: %w", err)
-		}
-		out = append(out, sb)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, "", fmt.Errorf("list sandboxes: %w", err)
-	}
-	var next string
-	if f.Limit > 0 && len(out) > f.Limit {
-		out = out[:f.Limit]
-		next = base64.RawURLEncoding.EncodeToString([]byte(out[len(out)-1].API.ID))
-	}
+	out, next := sqlstore.Page(out, f.Limit)
 	return out, next, nil
 }
 
 // PurgeSandboxes implements store.Store.
 func (s *Store) PurgeSandboxes(ctx context.Context, deletedBefore time.Time) (int, error) {
-	res, err := s.w.ExecContext(ctx, `DELETE FROM sandboxes WHERE deleted_at IS NOT NULL AND deleted_at < ?`,
-		nanos(deletedBefore))
+	res, err := s.w.ExecContext(ctx, sqlstore.SandboxPurge, sqlstore.Nanos(deletedBefore))
 	if err != nil {
 		return 0, fmt.Errorf("purge sandboxes: %w", err)
 	}

@@ -13,10 +13,10 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	"github.com/dsec-project/dsec/internal/errdefs"
 	"github.com/dsec-project/dsec/internal/store"
+	"github.com/dsec-project/dsec/internal/store/sqlstore"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 )
@@ -63,7 +63,7 @@ func Open(ctx context.Context, path string) (*Store, error) {
 		return nil, err
 	}
 	s.reads = map[string]*sql.Stmt{}
-	for _, q := range []string{getSandboxQuery, getKeyQuery, getLayerQuery} {
+	for _, q := range []string{sqlstore.SandboxGet, sqlstore.KeyGet, sqlstore.LayerGet} {
 		st, err := r.PrepareContext(ctx, q)
 		if err != nil {
 			s.Close()
@@ -258,18 +258,13 @@ func (s *Store) migrate(ctx context.Context) error {
 	return nil
 }
 
-func nanos(t time.Time) int64 { return t.UnixNano() }
-
-func fromNanos(n int64) time.Time { return time.Unix(0, n).UTC() }
-
 func isUnique(err error) bool {
 	return err != nil && strings.Contains(err.Error(), "UNIQUE constraint failed")
 }
 
 // CreateTenant implements store.Store.
 func (s *Store) CreateTenant(ctx context.Context, t store.Tenant) error {
-	_, err := s.w.ExecContext(ctx, `INSERT INTO tenants (id, name, created_at) VALUES (?, ?, ?)`,
-		t.ID, t.Name, nanos(t.CreatedAt))
+	_, err := s.w.ExecContext(ctx, sqlstore.TenantInsert, sqlstore.TenantArgs(t)...)
 	if isUnique(err) {
 		return fmt.Errorf("tenant %q: %w", t.Name, errdefs.ErrAlreadyExists)
 	}
@@ -281,45 +276,25 @@ func (s *Store) CreateTenant(ctx context.Context, t store.Tenant) error {
 
 // GetTenant implements store.Store.
 func (s *Store) GetTenant(ctx context.Context, id string) (store.Tenant, error) {
-	var t store.Tenant
-	var created int64
-	err := s.r.QueryRowContext(ctx, `SELECT id, name, created_at FROM tenants WHERE id = ?`, id).
-		Scan(&t.ID, &t.Name, &created)
+	t, err := sqlstore.ScanTenant(s.r.QueryRowContext(ctx, sqlstore.TenantGet, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return t, errdefs.NotFound("tenant %s", id)
 	}
 	if err != nil {
 		return t, fmt.Errorf("get tenant: %w", err)
 	}
-	t.CreatedAt = fromNanos(created)
 	return t, nil
 }
 
 // ListTenants implements store.Store.
 func (s *Store) ListTenants(ctx context.Context) ([]store.Tenant, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT id, name, created_at FROM tenants ORDER BY name`)
-	if err != nil {
-		return nil, fmt.Errorf("list tenants: %w", err)
-	}
-	defer rows.Close()
-	var out []store.Tenant
-	for rows.Next() {
-		var t store.Tenant
-		var created int64
-		if err := rows.Scan(&t.ID, &t.Name, &created); err != nil {
-			return nil, fmt.Errorf("list tenants: %w", err)
-		}
-		t.CreatedAt = fromNanos(created)
-		out = append(out, t)
-	}
-	return out, rows.Err()
+	rows, err := s.r.QueryContext(ctx, sqlstore.TenantList)
+	return collect(rows, err, "list tenants", sqlstore.ScanTenant)
 }
 
 // CreateKey implements store.Store.
 func (s *Store) CreateKey(ctx context.Context, k store.Key) error {
-	_, err := s.w.ExecContext(ctx,
-		`INSERT INTO api_keys (id, tenant, secret_hash, admin, created_at) VALUES (?, ?, ?, ?, ?)`,
-		k.ID, k.Tenant, k.SecretHash, k.Admin, nanos(k.CreatedAt))
+	_, err := s.w.ExecContext(ctx, sqlstore.KeyInsert, sqlstore.KeyArgs(k)...)
 	if isUnique(err) {
 		return fmt.Errorf("key %s: %w", k.ID, errdefs.ErrAlreadyExists)
 	}
@@ -332,21 +307,9 @@ func (s *Store) CreateKey(ctx context.Context, k store.Key) error {
 	return nil
 }
 
-const keyCols = `id, tenant, secret_hash, admin, created_at`
-
-func scanKey(sc interface{ Scan(...any) error }) (store.Key, error) {
-	var k store.Key
-	var created int64
-	err := sc.Scan(&k.ID, &k.Tenant, &k.SecretHash, &k.Admin, &created)
-	k.CreatedAt = fromNanos(created)
-	return k, err
-}
-
-const getKeyQuery = `SELECT ` + keyCols + ` FROM api_keys WHERE id = ?`
-
 // GetKey implements store.Store.
 func (s *Store) GetKey(ctx context.Context, id string) (store.Key, error) {
-	k, err := scanKey(s.readRow(ctx, getKeyQuery, id))
+	k, err := sqlstore.ScanKey(s.readRow(ctx, sqlstore.KeyGet, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return k, errdefs.NotFound("key %s", id)
 	}
@@ -358,25 +321,13 @@ func (s *Store) GetKey(ctx context.Context, id string) (store.Key, error) {
 
 // ListKeys implements store.Store.
 func (s *Store) ListKeys(ctx context.Context, tenant string) ([]store.Key, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT `+keyCols+` FROM api_keys WHERE tenant = ? ORDER BY created_at`, tenant)
-	if err != nil {
-		return nil, fmt.Errorf("list keys: %w", err)
-	}
-	defer rows.Close()
-	var out []store.Key
-	for rows.Next() {
-		k, err := scanKey(rows)
-		if err != nil {
-			return nil, fmt.Errorf("list keys: %w", err)
-		}
-		out = append(out, k)
-	}
-	return out, rows.Err()
+	rows, err := s.r.QueryContext(ctx, sqlstore.KeyList, tenant)
+	return collect(rows, err, "list keys", sqlstore.ScanKey)
 }
 
 // DeleteKey implements store.Store.
 func (s *Store) DeleteKey(ctx context.Context, id string) error {
-	res, err := s.w.ExecContext(ctx, `DELETE FROM api_keys WHERE id = ?`, id)
+	res, err := s.w.ExecContext(ctx, sqlstore.KeyDelete, id)
 	if err != nil {
 		return fmt.Errorf("delete key: %w", err)
 	}
@@ -388,37 +339,16 @@ func (s *Store) DeleteKey(ctx context.Context, id string) error {
 
 // PutLayer implements store.Store.
 func (s *Store) PutLayer(ctx context.Context, l store.Layer) error {
-	_, err := s.w.ExecContext(ctx, `INSERT INTO layers (tenant, name, tag, digest, kind, size, public, created_at, parents)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
-		ON CONFLICT (tenant, name, tag) DO UPDATE SET digest = excluded.digest, kind = excluded.kind,
-			size = excluded.size, public = excluded.public, created_at = excluded.created_at,
-			parents = excluded.parents`,
-		l.Tenant, l.Name, l.Tag, l.Digest, l.Kind, l.Size, l.Public, nanos(l.CreatedAt), strings.Join(l.Parents, " "))
-	if err != nil {
+	if _, err := s.w.ExecContext(ctx, sqlstore.LayerPut, sqlstore.LayerArgs(l)...); err != nil {
 		return fmt.Errorf("put layer: %w", err)
 	}
 	return nil
 }
 
-const layerCols = `tenant, name, tag, digest, kind, size, public, created_at, parents`
-
-func scanLayer(sc interface{ Scan(...any) error }) (store.Layer, error) {
-	var l store.Layer
-	var created int64
-	var parents string
-	err := sc.Scan(&l.Tenant, &l.Name, &l.Tag, &l.Digest, &l.Kind, &l.Size, &l.Public, &created, &parents)
-	l.CreatedAt = fromNanos(created)
-	l.Parents = strings.Fields(parents)
-	return l, err
-}
-
-const getLayerQuery = `SELECT ` + layerCols + ` FROM layers
-	WHERE name = ? AND tag = ? AND (tenant = ? OR public) ORDER BY tenant = ? DESC LIMIT 1`
-
 // GetLayer implements store.Store. The tenant's own layer wins over a
 // public one of the same name.
 func (s *Store) GetLayer(ctx context.Context, tenant, name, tag string) (store.Layer, error) {
-	l, err := scanLayer(s.readRow(ctx, getLayerQuery, name, tag, tenant, tenant))
+	l, err := sqlstore.ScanLayer(s.readRow(ctx, sqlstore.LayerGet, sqlstore.GetLayerArgs(tenant, name, tag)...))
 	if errors.Is(err, sql.ErrNoRows) {
 		return l, errdefs.NotFound("layer %s:%s", name, tag)
 	}
@@ -430,9 +360,7 @@ func (s *Store) GetLayer(ctx context.Context, tenant, name, tag string) (store.L
 
 // LayerByDigest implements store.Store.
 func (s *Store) LayerByDigest(ctx context.Context, tenant, digest string) (store.Layer, error) {
-	l, err := scanLayer(s.r.QueryRowContext(ctx, `SELECT `+layerCols+` FROM layers
-		WHERE digest = ? AND (tenant = ? OR public)
-		ORDER BY tenant = ? DESC, created_at DESC LIMIT 1`, digest, tenant, tenant))
+	l, err := sqlstore.ScanLayer(s.r.QueryRowContext(ctx, sqlstore.LayerByDigest, sqlstore.LayerByDigestArgs(tenant, digest)...))
 	if errors.Is(err, sql.ErrNoRows) {
 		return l, errdefs.NotFound("layer %s", digest)
 	}
@@ -444,19 +372,27 @@ func (s *Store) LayerByDigest(ctx context.Context, tenant, digest string) (store
 
 // ListLayers implements store.Store.
 func (s *Store) ListLayers(ctx context.Context, tenant string) ([]store.Layer, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT `+layerCols+` FROM layers
-		WHERE tenant = ? OR public ORDER BY name, tag`, tenant)
+	rows, err := s.r.QueryContext(ctx, sqlstore.LayerList, tenant)
+	return collect(rows, err, "list layers", sqlstore.ScanLayer)
+}
+
+// collect reads the rows of a query with scan; what names the query in
+// errors.
+func collect[T any](rows *sql.Rows, err error, what string, scan func(sqlstore.Scanner) (T, error)) ([]T, error) {
 	if err != nil {
-		return nil, fmt.Errorf("list layers: %w", err)
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	defer rows.Close()
-	var out []store.Layer
+	var out []T
 	for rows.Next() {
-		l, err := scanLayer(rows)
+		v, err := scan(rows)
 		if err != nil {
-			return nil, fmt.Errorf("list layers: %w", err)
+			return nil, fmt.Errorf("%s: %w", what, err)
 		}
-		out = append(out, l)
+		out = append(out, v)
 	}
-	return out, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	return out, nil
 }

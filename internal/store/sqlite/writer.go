@@ -8,6 +8,8 @@ import (
 	"os"
 	"sync"
 	"time"
+
+	"github.com/dsec-project/dsec/internal/store/sqlstore"
 )
 
 // maxBatch bounds how many writes share one transaction.
@@ -45,8 +47,8 @@ var opPool = sync.Pool{New: func() any { return &writeOp{err: make(chan error, 1
 
 // hotStatements are prepared by start.
 var hotStatements = []string{
-	sandboxInsert, sandboxUpdate, sandboxUpdateLive, readStoredQuery, touchQuery,
-	nodeCharge, nodeRelease, tenantCharge, tenantRelease,
+	sqlstore.SandboxInsert, sqlstore.SandboxUpdate, sqlstore.SandboxUpdateLive, sqlstore.StoredGet, sqlstore.SandboxTouch,
+	sqlstore.NodeCharge, sqlstore.NodeRelease, sqlstore.TenantCharge, sqlstore.TenantRelease,
 	"SAVEPOINT op", "ROLLBACK TO op", "RELEASE op",
 }
 
