@@ -23,6 +23,7 @@ import (
 
 	"github.com/dsec-project/dsec/internal/errdefs"
 	"github.com/dsec-project/dsec/internal/store"
+	"github.com/dsec-project/dsec/internal/store/sqlstore"
 )
 
 // Store is a store.Store on PostgreSQL.
@@ -248,9 +249,51 @@ func rebind(q string) string {
 	return b.String()
 }
 
-func nanos(t time.Time) int64 { return t.UnixNano() }
-
-func fromNanos(n int64) time.Time { return time.Unix(0, n).UTC() }
+// The shared statements, rebound once.
+var (
+	tenantInsert            = rebind(sqlstore.TenantInsert)
+	tenantGet               = rebind(sqlstore.TenantGet)
+	keyInsert               = rebind(sqlstore.KeyInsert)
+	keyGet                  = rebind(sqlstore.KeyGet)
+	keyList                 = rebind(sqlstore.KeyList)
+	keyDelete               = rebind(sqlstore.KeyDelete)
+	layerPut                = rebind(sqlstore.LayerPut)
+	layerGet                = rebind(sqlstore.LayerGet)
+	layerByDigest           = rebind(sqlstore.LayerByDigest)
+	layerList               = rebind(sqlstore.LayerList)
+	layerDelete             = rebind(sqlstore.LayerDelete)
+	quotaSet                = rebind(sqlstore.QuotaSet)
+	usageGet                = rebind(sqlstore.UsageGet)
+	nodeGet                 = rebind(sqlstore.NodeGet)
+	nodeDrain               = rebind(sqlstore.NodeDrain)
+	sandboxInsert           = rebind(sqlstore.SandboxInsert)
+	sandboxUpdate           = rebind(sqlstore.SandboxUpdate)
+	sandboxUpdateLive       = rebind(sqlstore.SandboxUpdateLive)
+	sandboxGet              = rebind(sqlstore.SandboxGet)
+	sandboxTouch            = rebind(sqlstore.SandboxTouch)
+	sandboxesLost           = rebind(sqlstore.SandboxesLost)
+	sandboxPurge            = rebind(sqlstore.SandboxPurge)
+	storedGet               = rebind(sqlstore.StoredGet + ` FOR UPDATE`)
+	nodeCharge              = rebind(sqlstore.NodeCharge)
+	nodeRelease             = rebind(sqlstore.NodeRelease)
+	tenantCharge            = rebind(sqlstore.TenantCharge)
+	tenantRelease           = rebind(sqlstore.TenantRelease)
+	stepGet                 = rebind(sqlstore.StepGet)
+	stepList                = rebind(sqlstore.StepList)
+	stepInsert              = rebind(sqlstore.StepInsert)
+	stepFinish              = rebind(sqlstore.StepFinish)
+	stepsDelete             = rebind(sqlstore.StepsDelete)
+	stepsMove               = rebind(sqlstore.StepsMove)
+	trajectoriesPurge       = rebind(sqlstore.TrajectoriesPurge)
+	trajectorySettingsPurge = rebind(sqlstore.TrajectorySettingsPurge)
+	trajectoryPut           = rebind(sqlstore.TrajectoryPut)
+	trajectoryGet           = rebind(sqlstore.TrajectoryGet)
+	checkpointInsert        = rebind(sqlstore.CheckpointInsert)
+	checkpointList          = rebind(sqlstore.CheckpointList)
+	checkpointsDead         = rebind(sqlstore.CheckpointsDead)
+	checkpointDrop          = rebind(sqlstore.CheckpointDrop)
+	checkpointDelete        = rebind(sqlstore.CheckpointDelete)
+)
 
 func code(err error) string {
 	var pe *pgconn.PgError
@@ -263,17 +306,22 @@ func code(err error) string {
 func isUnique(err error) bool     { return code(err) == "23505" }
 func isForeignKey(err error) bool { return code(err) == "23503" }
 
-func b2i(b bool) int {
-	if b {
-		return 1
+// collect reads the rows of a query with scan; what names the query in
+// errors.
+func collect[T any](rows pgx.Rows, err error, what string, scan func(sqlstore.Scanner) (T, error)) ([]T, error) {
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
-	return 0
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (T, error) { return scan(r) })
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	return out, nil
 }
 
 // CreateTenant implements store.Store.
 func (s *Store) CreateTenant(ctx context.Context, t store.Tenant) error {
-	_, err := s.pool.Exec(ctx, `INSERT INTO tenants (id, name, created_at) VALUES ($1, $2, $3)`,
-		t.ID, t.Name, nanos(t.CreatedAt))
+	_, err := s.pool.Exec(ctx, tenantInsert, sqlstore.TenantArgs(t)...)
 	if isUnique(err) {
 		return fmt.Errorf("tenant %q: %w", t.Name, errdefs.ErrAlreadyExists)
 	}
@@ -285,38 +333,25 @@ func (s *Store) CreateTenant(ctx context.Context, t store.Tenant) error {
 
 // GetTenant implements store.Store.
 func (s *Store) GetTenant(ctx context.Context, id string) (store.Tenant, error) {
-	var t store.Tenant
-	var created int64
-	err := s.pool.QueryRow(ctx, `SELECT id, name, created_at FROM tenants WHERE id = $1`, id).Scan(&t.ID, &t.Name, &created)
+	t, err := sqlstore.ScanTenant(s.pool.QueryRow(ctx, tenantGet, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return t, errdefs.NotFound("tenant %s", id)
 	}
 	if err != nil {
 		return t, fmt.Errorf("get tenant: %w", err)
 	}
-	t.CreatedAt = fromNanos(created)
 	return t, nil
 }
 
 // ListTenants implements store.Store.
 func (s *Store) ListTenants(ctx context.Context) ([]store.Tenant, error) {
-	rows, err := s.pool.Query(ctx, `SELECT id, name, created_at FROM tenants ORDER BY name`)
-	if err != nil {
-		return nil, fmt.Errorf("list tenants: %w", err)
-	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (store.Tenant, error) {
-		var t store.Tenant
-		var created int64
-		err := r.Scan(&t.ID, &t.Name, &created)
-		t.CreatedAt = fromNanos(created)
-		return t, err
-	})
+	rows, err := s.pool.Query(ctx, sqlstore.TenantList)
+	return collect(rows, err, "list tenants", sqlstore.ScanTenant)
 }
 
 // CreateKey implements store.Store.
 func (s *Store) CreateKey(ctx context.Context, k store.Key) error {
-	_, err := s.pool.Exec(ctx, `INSERT INTO api_keys (id, tenant, secret_hash, admin, created_at) VALUES ($1, $2, $3, $4, $5)`,
-		k.ID, k.Tenant, k.SecretHash, k.Admin, nanos(k.CreatedAt))
+	_, err := s.pool.Exec(ctx, keyInsert, sqlstore.KeyArgs(k)...)
 	switch {
 	case isUnique(err):
 		return fmt.Errorf("key %s: %w", k.ID, errdefs.ErrAlreadyExists)
@@ -328,19 +363,9 @@ func (s *Store) CreateKey(ctx context.Context, k store.Key) error {
 	return nil
 }
 
-const keyCols = `id, tenant, secret_hash, admin, created_at`
-
-func scanKey(r pgx.Row) (store.Key, error) {
-	var k store.Key
-	var created int64
-	err := r.Scan(&k.ID, &k.Tenant, &k.SecretHash, &k.Admin, &created)
-	k.CreatedAt = fromNanos(created)
-	return k, err
-}
-
 // GetKey implements store.Store.
 func (s *Store) GetKey(ctx context.Context, id string) (store.Key, error) {
-	k, err := scanKey(s.pool.QueryRow(ctx, `SELECT `+keyCols+` FROM api_keys WHERE id = $1`, id))
+	k, err := sqlstore.ScanKey(s.pool.QueryRow(ctx, keyGet, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return k, errdefs.NotFound("key %s", id)
 	}
@@ -352,16 +377,13 @@ func (s *Store) GetKey(ctx context.Context, id string) (store.Key, error) {
 
 // ListKeys implements store.Store.
 func (s *Store) ListKeys(ctx context.Context, tenant string) ([]store.Key, error) {
-	rows, err := s.pool.Query(ctx, `SELECT `+keyCols+` FROM api_keys WHERE tenant = $1 ORDER BY created_at`, tenant)
-	if err != nil {
-		return nil, fmt.Errorf("list keys: %w", err)
-	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (store.Key, error) { return scanKey(r) })
+	rows, err := s.pool.Query(ctx, keyList, tenant)
+	return collect(rows, err, "list keys", sqlstore.ScanKey)
 }
 
 // DeleteKey implements store.Store.
 func (s *Store) DeleteKey(ctx context.Context, id string) error {
-	tag, err := s.pool.Exec(ctx, `DELETE FROM api_keys WHERE id = $1`, id)
+	tag, err := s.pool.Exec(ctx, keyDelete, id)
 	if err != nil {
 		return fmt.Errorf("delete key: %w", err)
 	}
@@ -373,36 +395,16 @@ func (s *Store) DeleteKey(ctx context.Context, id string) error {
 
 // PutLayer implements store.Store.
 func (s *Store) PutLayer(ctx context.Context, l store.Layer) error {
-	_, err := s.pool.Exec(ctx, `INSERT INTO layers (tenant, name, tag, digest, kind, size, public, created_at, parents)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
-		ON CONFLICT (tenant, name, tag) DO UPDATE SET digest = excluded.digest, kind = excluded.kind,
-			size = excluded.size, public = excluded.public, created_at = excluded.created_at,
-			parents = excluded.parents`,
-		l.Tenant, l.Name, l.Tag, l.Digest, l.Kind, l.Size, l.Public, nanos(l.CreatedAt), strings.Join(l.Parents, " "))
-	if err != nil {
+	if _, err := s.pool.Exec(ctx, layerPut, sqlstore.LayerArgs(l)...); err != nil {
 		return fmt.Errorf("put layer: %w", err)
 	}
 	return nil
 }
 
-const layerCols = `tenant, name, tag, digest, kind, size, public, created_at, parents`
-
-func scanLayer(r pgx.Row) (store.Layer, error) {
-	var l store.Layer
-	var created int64
-	var parents string
-	err := r.Scan(&l.Tenant, &l.Name, &l.Tag, &l.Digest, &l.Kind, &l.Size, &l.Public, &created, &parents)
-	l.CreatedAt = fromNanos(created)
-	l.Parents = strings.Fields(parents)
-	return l, err
-}
-
 // GetLayer implements store.Store. The tenant's own layer wins over a
 // public one of the same name.
 func (s *Store) GetLayer(ctx context.Context, tenant, name, tag string) (store.Layer, error) {
-	l, err := scanLayer(s.pool.QueryRow(ctx, `SELECT `+layerCols+` FROM layers
-		WHERE name = $1 AND tag = $2 AND (tenant = $3 OR public)
-		ORDER BY tenant = $3 DESC LIMIT 1`, name, tag, tenant))
+	l, err := sqlstore.ScanLayer(s.pool.QueryRow(ctx, layerGet, sqlstore.GetLayerArgs(tenant, name, tag)...))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return l, errdefs.NotFound("layer %s:%s", name, tag)
 	}
@@ -414,9 +416,7 @@ func (s *Store) GetLayer(ctx context.Context, tenant, name, tag string) (store.L
 
 // LayerByDigest implements store.Store.
 func (s *Store) LayerByDigest(ctx context.Context, tenant, digest string) (store.Layer, error) {
-	l, err := scanLayer(s.pool.QueryRow(ctx, `SELECT `+layerCols+` FROM layers
-		WHERE digest = $1 AND (tenant = $2 OR public)
-		ORDER BY tenant = $2 DESC, created_at DESC LIMIT 1`, digest, tenant))
+	l, err := sqlstore.ScanLayer(s.pool.QueryRow(ctx, layerByDigest, sqlstore.LayerByDigestArgs(tenant, digest)...))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return l, errdefs.NotFound("layer %s", digest)
 	}
@@ -428,9 +428,6 @@ func (s *Store) LayerByDigest(ctx context.Context, tenant, digest string) (store
 
 // ListLayers implements store.Store.
 func (s *Store) ListLayers(ctx context.Context, tenant string) ([]store.Layer, error) {
-	rows, err := s.pool.Query(ctx, `SELECT `+layerCols+` FROM layers WHERE tenant = $1 OR public ORDER BY name, tag`, tenant)
-	if err != nil {
-		return nil, fmt.Errorf("list layers: %w", err)
-	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (store.Layer, error) { return scanLayer(r) })
+	rows, err := s.pool.Query(ctx, layerList, tenant)
+	return collect(rows, err, "list layers", sqlstore.ScanLayer)
 }

@@ -2,74 +2,24 @@ package postgres
 
 import (
 	"context"
-	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"regexp"
-	"slices"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/dsec-project/dsec/internal/errdefs"
 	"github.com/dsec-project/dsec/internal/store"
+	"github.com/dsec-project/dsec/internal/store/sqlstore"
 )
-
-var (
-	sandboxInsert = rebind(`INSERT INTO sandboxes (tenant, state, node, expires_at, deleted_at, last_active, doc,
-	mcpu, memory_mb, pids, idle_timeout, id, version, charged) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?)`)
-	sandboxUpdate = rebind(`UPDATE sandboxes SET tenant = ?, state = ?, node = ?, expires_at = ?, deleted_at = ?,
-	last_active = ?, doc = ?, mcpu = ?, memory_mb = ?, pids = ?, idle_timeout = ?, charged = ?, version = version + 1
-	WHERE id = ? AND version = ?`)
-	nodeCharge = rebind(`UPDATE nodes SET alloc_mcpu = alloc_mcpu + ?, alloc_memory_mb = alloc_memory_mb + ?,
-		alloc_pids = alloc_pids + ?, sandboxes = sandboxes + ?
-	WHERE id = ? AND state = 'up' AND drain = 0 AND alloc_memory_mb + ? <= limit_memory_mb
-		AND (limit_mcpu = 0 OR alloc_mcpu + ? <= limit_mcpu) AND (limit_pids = 0 OR alloc_pids + ? <= limit_pids)`)
-	nodeRelease = rebind(`UPDATE nodes SET alloc_mcpu = alloc_mcpu - ?, alloc_memory_mb = alloc_memory_mb - ?,
-		alloc_pids = alloc_pids - ?, sandboxes = sandboxes - ? WHERE id = ?`)
-	tenantCharge = rebind(`INSERT INTO tenant_usage (tenant, sandboxes, mcpu, memory_mb) VALUES (?, ?, ?, ?)
-	ON CONFLICT (tenant) DO UPDATE SET sandboxes = tenant_usage.sandboxes + excluded.sandboxes,
-		mcpu = tenant_usage.mcpu + excluded.mcpu, memory_mb = tenant_usage.memory_mb + excluded.memory_mb
-	WHERE (tenant_usage.max_sandboxes = 0 OR tenant_usage.sandboxes + excluded.sandboxes <= tenant_usage.max_sandboxes)
-		AND (tenant_usage.max_mcpu = 0 OR tenant_usage.mcpu + excluded.mcpu <= tenant_usage.max_mcpu)
-		AND (tenant_usage.max_memory_mb = 0 OR tenant_usage.memory_mb + excluded.memory_mb <= tenant_usage.max_memory_mb)`)
-	tenantRelease = rebind(`UPDATE tenant_usage SET sandboxes = sandboxes - ?, mcpu = mcpu - ?, memory_mb = memory_mb - ?
-	WHERE tenant = ?`)
-)
-
-// sandboxArgs are the column values of a record, in sandboxInsert's order
-// (without version and charged): args[10] is the idle timeout, args[11]
-// the id.
-func sandboxArgs(sb *store.Sandbox) ([]any, error) {
-	doc, err := json.Marshal(sb)
-	if err != nil {
-		return nil, fmt.Errorf("encode sandbox: %w", err)
-	}
-	var expires, deleted *int64
-	if sb.API.ExpiresAt != nil {
-		v := nanos(*sb.API.ExpiresAt)
-		expires = &v
-	}
-	if sb.DeletedAt != nil {
-		v := nanos(*sb.DeletedAt)
-		deleted = &v
-	}
-	r := sb.API.Resources
-	idle := sb.API.IdleTimeoutSeconds * int64(time.Second)
-	return []any{sb.Tenant, sb.API.State, sb.API.Node, expires, deleted, nanos(sb.LastActive), string(doc),
-		store.MilliCPU(r.CPU), r.MemoryMB, r.Pids, idle, sb.API.ID}, nil
-}
 
 // CreateSandbox implements store.Store.
 func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
-	args, err := sandboxArgs(sb)
+	args, err := sqlstore.SandboxArgs(sb)
 	if err != nil {
 		return err
 	}
-	_, err = s.pool.Exec(ctx, sandboxInsert, append(args, 0)...)
+	_, err = s.pool.Exec(ctx, sandboxInsert, sqlstore.InsertArgs(args, false)...)
 	if isUnique(err) {
 		return fmt.Errorf("sandbox %s: %w", sb.API.ID, errdefs.ErrAlreadyExists)
 	}
@@ -88,11 +38,11 @@ func (s *Store) CreateSandboxes(ctx context.Context, list []*store.Sandbox) erro
 	}
 	var b pgx.Batch
 	for _, sb := range list {
-		args, err := sandboxArgs(sb)
+		args, err := sqlstore.SandboxArgs(sb)
 		if err != nil {
 			return err
 		}
-		b.Queue(sandboxInsert, append(args, 0)...)
+		b.Queue(sandboxInsert, sqlstore.InsertArgs(args, false)...)
 	}
 	err := s.tx(ctx, func(tx pgx.Tx) error {
 		res := tx.SendBatch(ctx, &b)
@@ -115,29 +65,6 @@ func (s *Store) CreateSandboxes(ctx context.Context, list []*store.Sandbox) erro
 	return nil
 }
 
-// totals sums charges by key, keys sorted: every transaction locks node
-// and tenant rows in one order, so two never deadlock.
-type totals struct {
-	keys []string
-	by   map[string]*store.Charge
-}
-
-func sum(sbs []*store.Sandbox, key func(*store.Sandbox) string) totals {
-	t := totals{by: map[string]*store.Charge{}}
-	for _, sb := range sbs {
-		k := key(sb)
-		c, ok := t.by[k]
-		if !ok {
-			c = &store.Charge{}
-			t.by[k] = c
-			t.keys = append(t.keys, k)
-		}
-		c.Add(store.ChargeOf(sb.API.Resources))
-	}
-	slices.Sort(t.keys)
-	return t
-}
-
 // PlaceSandboxes implements store.Store. The charges and inserts go to
 // the server in one pipelined batch, inside a group transaction (see
 // batcher.go).
@@ -145,29 +72,27 @@ func (s *Store) PlaceSandboxes(ctx context.Context, sbs []*store.Sandbox) error 
 	if len(sbs) == 0 {
 		return nil
 	}
-	nodes := sum(sbs, func(sb *store.Sandbox) string { return sb.API.Node })
-	tenants := sum(sbs, func(sb *store.Sandbox) string { return sb.Tenant })
+	nodes := sqlstore.Sum(sbs, func(sb *store.Sandbox) string { return sb.API.Node })
+	tenants := sqlstore.Sum(sbs, func(sb *store.Sandbox) string { return sb.Tenant })
 	inserts := make([][]any, 0, len(sbs))
 	for _, sb := range sbs {
-		args, err := sandboxArgs(sb)
+		args, err := sqlstore.SandboxArgs(sb)
 		if err != nil {
 			return err
 		}
-		inserts = append(inserts, append(args, 1))
+		inserts = append(inserts, sqlstore.InsertArgs(args, true))
 	}
 	err := s.batcher.place(ctx, &placeOp{sbs: sbs, queue: func(b *pgx.Batch) ([]string, []string, error) {
-		for _, id := range nodes.keys {
-			c := nodes.by[id]
-			b.Queue(nodeCharge, c.MilliCPU, c.MemoryMB, c.Pids, c.Sandboxes, id, c.MemoryMB, c.MilliCPU, c.Pids)
+		for _, id := range nodes.Keys {
+			b.Queue(nodeCharge, sqlstore.NodeChargeArgs(id, *nodes.By[id])...)
 		}
-		for _, id := range tenants.keys {
-			c := tenants.by[id]
-			b.Queue(tenantCharge, id, c.Sandboxes, c.MilliCPU, c.MemoryMB)
+		for _, id := range tenants.Keys {
+			b.Queue(tenantCharge, sqlstore.TenantChargeArgs(id, *tenants.By[id])...)
 		}
 		for _, args := range inserts {
 			b.Queue(sandboxInsert, args...)
 		}
-		return nodes.keys, tenants.keys, nil
+		return nodes.Keys, tenants.Keys, nil
 	}})
 	if err != nil {
 		return err
@@ -178,56 +103,39 @@ func (s *Store) PlaceSandboxes(ctx context.Context, sbs []*store.Sandbox) error 
 	return nil
 }
 
-// stored is what a record's columns say about its charge.
-type stored struct {
-	version int64
-	charged bool
-	node    string
-	tenant  string
-	charge  store.Charge
-}
-
 // readStored reads a record's charge and locks its row.
-func readStored(ctx context.Context, tx pgx.Tx, id string) (stored, error) {
-	var st stored
-	var charged int
-	err := tx.QueryRow(ctx, `SELECT version, charged, node, tenant, mcpu, memory_mb, pids FROM sandboxes WHERE id = $1 FOR UPDATE`, id).
-		Scan(&st.version, &charged, &st.node, &st.tenant, &st.charge.MilliCPU, &st.charge.MemoryMB, &st.charge.Pids)
+func readStored(ctx context.Context, tx pgx.Tx, id string) (sqlstore.Stored, error) {
+	st, err := sqlstore.ScanStored(tx.QueryRow(ctx, storedGet, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return st, errdefs.NotFound("sandbox %s", id)
 	}
 	if err != nil {
 		return st, fmt.Errorf("read sandbox %s: %w", id, err)
 	}
-	st.charged, st.charge.Sandboxes = charged == 1, 1
 	return st, nil
 }
 
-func release(ctx context.Context, tx pgx.Tx, node, tenant string, c store.Charge) error {
-	if _, err := tx.Exec(ctx, nodeRelease, c.MilliCPU, c.MemoryMB, c.Pids, 1, node); err != nil {
-		return fmt.Errorf("release node %s: %w", node, err)
+// release returns one record's charge, as stored.
+func release(ctx context.Context, tx pgx.Tx, st sqlstore.Stored) error {
+	if _, err := tx.Exec(ctx, nodeRelease, sqlstore.NodeReleaseArgs(st.Node, st.Charge)...); err != nil {
+		return fmt.Errorf("release node %s: %w", st.Node, err)
 	}
-	if _, err := tx.Exec(ctx, tenantRelease, 1, c.MilliCPU, c.MemoryMB, tenant); err != nil {
-		return fmt.Errorf("release tenant %s: %w", tenant, err)
+	if _, err := tx.Exec(ctx, tenantRelease, sqlstore.TenantReleaseArgs(st.Tenant, st.Charge)...); err != nil {
+		return fmt.Errorf("release tenant %s: %w", st.Tenant, err)
 	}
 	return nil
 }
 
-// sandboxUpdateLive is UpdateSandbox's one-statement path (one round
-// trip, no explicit transaction) for the common update, one that ends
-// nothing (DeletedAt stays nil) of a live record: its charge, node and
-// tenant stay as they are.
-var sandboxUpdateLive = rebind(`UPDATE sandboxes SET state = ?, expires_at = ?, last_active = ?, doc = ?, idle_timeout = ?, version = version + 1
-	WHERE id = ? AND version = ? AND node = ? AND tenant = ? AND deleted_at IS NULL`)
-
-// UpdateSandbox implements store.Store.
+// UpdateSandbox implements store.Store. The common update, one that ends
+// nothing of a live record, is one statement (one round trip, pipelined
+// with others by the batcher); the rest run in a transaction.
 func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
-	args, err := sandboxArgs(sb)
+	args, err := sqlstore.SandboxArgs(sb)
 	if err != nil {
 		return err
 	}
 	if sb.DeletedAt == nil {
-		n, err := s.batcher.update(ctx, []any{args[1], args[3], args[5], args[6], args[10], sb.API.ID, sb.Version, sb.API.Node, sb.Tenant})
+		n, err := s.batcher.update(ctx, sqlstore.LiveUpdateArgs(args, sb))
 		if err != nil {
 			return err
 		}
@@ -242,23 +150,16 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
 		if err != nil {
 			return err
 		}
-		if st.version != sb.Version {
-			return fmt.Errorf("update sandbox %s: %w", sb.API.ID, store.ErrConflict)
+		upd, rel, err := sqlstore.Update(sb, args, st)
+		if err != nil {
+			return err
 		}
-		charged := st.charged
-		if charged {
-			if sb.API.Node != st.node || sb.Tenant != st.tenant {
-				return errdefs.Invalid("sandbox %s: a charged record changes node only through MoveSandbox", sb.API.ID)
-			}
-			args[7], args[8], args[9] = st.charge.MilliCPU, st.charge.MemoryMB, st.charge.Pids
-			if sb.DeletedAt != nil {
-				if err := release(ctx, tx, st.node, st.tenant, st.charge); err != nil {
-					return err
-				}
-				charged = false
+		if rel {
+			if err := release(ctx, tx, st); err != nil {
+				return err
 			}
 		}
-		tag, err := tx.Exec(ctx, sandboxUpdate, append(args[:11:11], b2i(charged), sb.API.ID, sb.Version)...)
+		tag, err := tx.Exec(ctx, sandboxUpdate, upd...)
 		if err != nil {
 			return fmt.Errorf("update sandbox: %w", err)
 		}
@@ -274,30 +175,25 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	return nil
 }
 
-// MoveSandbox implements store.Store.
+// MoveSandbox implements store.Store. The record keeps the charge it
+// holds, moved from its node to the new one.
 func (s *Store) MoveSandbox(ctx context.Context, sb *store.Sandbox, node string) error {
-	moved := *sb
-	moved.API.Node = node
-	args, err := sandboxArgs(&moved)
+	_, args, err := sqlstore.Moved(sb, node)
 	if err != nil {
 		return err
 	}
-	c := store.ChargeOf(sb.API.Resources)
 	err = s.tx(ctx, func(tx pgx.Tx) error {
 		st, err := readStored(ctx, tx, sb.API.ID)
 		if err != nil {
 			return err
 		}
-		if st.version != sb.Version {
-			return fmt.Errorf("move sandbox %s: %w", sb.API.ID, store.ErrConflict)
+		if err := sqlstore.CheckMove(sb, st); err != nil {
+			return err
 		}
-		if !st.charged {
-			return fmt.Errorf("move sandbox %s: it holds no charge: %w", sb.API.ID, errdefs.ErrFailedPrecondition)
-		}
-		c = st.charge
+		c := st.Charge
 		// Lock the two node rows in id order.
 		charge := func() error {
-			tag, err := tx.Exec(ctx, nodeCharge, c.MilliCPU, c.MemoryMB, c.Pids, 1, node, c.MemoryMB, c.MilliCPU, c.Pids)
+			tag, err := tx.Exec(ctx, nodeCharge, sqlstore.NodeChargeArgs(node, c)...)
 			if err != nil {
 				return fmt.Errorf("charge node %s: %w", node, err)
 			}
@@ -307,11 +203,11 @@ func (s *Store) MoveSandbox(ctx context.Context, sb *store.Sandbox, node string)
 			return nil
 		}
 		releaseOld := func() error {
-			_, err := tx.Exec(ctx, nodeRelease, c.MilliCPU, c.MemoryMB, c.Pids, 1, st.node)
+			_, err := tx.Exec(ctx, nodeRelease, sqlstore.NodeReleaseArgs(st.Node, c)...)
 			return err
 		}
 		steps := []func() error{releaseOld, charge}
-		if node < st.node {
+		if node < st.Node {
 			steps = []func() error{charge, releaseOld}
 		}
 		for _, step := range steps {
@@ -319,8 +215,8 @@ func (s *Store) MoveSandbox(ctx context.Context, sb *store.Sandbox, node string)
 				return err
 			}
 		}
-		args[7], args[8], args[9] = c.MilliCPU, c.MemoryMB, c.Pids
-		_, err = tx.Exec(ctx, sandboxUpdate, append(args[:11:11], 1, sb.API.ID, sb.Version)...)
+		sqlstore.SetCharge(args, c)
+		_, err = tx.Exec(ctx, sandboxUpdate, sqlstore.UpdateArgs(args, sb, true)...)
 		return err
 	})
 	if err != nil {
@@ -333,37 +229,16 @@ func (s *Store) MoveSandbox(ctx context.Context, sb *store.Sandbox, node string)
 
 // MarkSandboxesLost implements store.Store.
 func (s *Store) MarkSandboxesLost(ctx context.Context, node string) (int, error) {
-	tag, err := s.pool.Exec(ctx, `UPDATE sandboxes SET state = 'lost', version = version + 1
-		WHERE node = $1 AND state IN ('creating', 'running', 'paused')`, node)
+	tag, err := s.pool.Exec(ctx, sandboxesLost, node)
 	if err != nil {
 		return 0, fmt.Errorf("mark sandboxes of node %s lost: %w", node, err)
 	}
 	return int(tag.RowsAffected()), nil
 }
 
-// sandboxCols: the state column is authoritative (MarkSandboxesLost sets
-// it without rewriting the document).
-const sandboxCols = `doc, last_active, version, state`
-
-func scanSandbox(r pgx.Row) (store.Sandbox, error) {
-	var sb store.Sandbox
-	var doc []byte
-	var active int64
-	var state string
-	if err := r.Scan(&doc, &active, &sb.Version, &state); err != nil {
-		return sb, err
-	}
-	if err := json.Unmarshal(doc, &sb); err != nil {
-		return sb, fmt.Errorf("decode sandbox: %w", err)
-	}
-	sb.API.State = state
-	sb.LastActive = fromNanos(active)
-	return sb, nil
-}
-
 // GetSandbox implements store.Store.
 func (s *Store) GetSandbox(ctx context.Context, id string) (store.Sandbox, error) {
-	sb, err := scanSandbox(s.pool.QueryRow(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE id = $1`, id))
+	sb, err := sqlstore.ScanSandbox(s.pool.QueryRow(ctx, sandboxGet, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return store.Sandbox{}, errdefs.NotFound("sandbox %s", id)
 	}
@@ -375,78 +250,40 @@ func (s *Store) GetSandbox(ctx context.Context, id string) (store.Sandbox, error
 
 // TouchSandbox implements store.Store.
 func (s *Store) TouchSandbox(ctx context.Context, id string, t time.Time) error {
-	if _, err := s.pool.Exec(ctx, `UPDATE sandboxes SET last_active = $1 WHERE id = $2`, nanos(t), id); err != nil {
+	if _, err := s.pool.Exec(ctx, sandboxTouch, sqlstore.Nanos(t), id); err != nil {
 		return fmt.Errorf("touch sandbox: %w", err)
 	}
 	return nil
 }
 
-var labelKey = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$`)
+// dialect matches states with one array parameter and reads labels with
+// jsonb operators, the key a parameter too.
+var dialect = sqlstore.Dialect{
+	StateIn: func(states []string) (string, []any) { return "state = ANY(?)", []any{states} },
+	Label: func(k, v string) (string, []any) {
+		return "doc->'API'->'labels'->>? = ?", []any{k, v}
+	},
+}
 
 // ListSandboxes implements store.Store. Pages are in id order; the page
 // token is the last id of the previous page.
 func (s *Store) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]store.Sandbox, string, error) {
-	var where []string
-	var args []any
-	arg := func(v any) string {
-		args = append(args, v)
-		return "$" + strconv.Itoa(len(args))
-	}
-	if !f.AllTenants {
-		where = append(where, "tenant = "+arg(f.Tenant))
-	}
-	if f.Node != "" {
-		where = append(where, "node = "+arg(f.Node))
-	}
-	if len(f.States) > 0 {
-		where = append(where, "state = ANY("+arg(f.States)+")")
-	}
-	for k, v := range f.Labels {
-		if !labelKey.MatchString(k) {
-			return nil, "", errdefs.Invalid("label key %q", k)
-		}
-		where = append(where, "doc->'API'->'labels'->>"+arg(k)+" = "+arg(v))
-	}
-	if f.ExpiredBy != nil {
-		where = append(where, "expires_at IS NOT NULL AND expires_at <= "+arg(nanos(*f.ExpiredBy)))
-	}
-	if f.IdleBy != nil {
-		where = append(where, "idle_timeout > 0 AND (last_active + idle_timeout) <= "+arg(nanos(*f.IdleBy)))
-	}
-	if f.PageToken != "" {
-		after, err := base64.RawURLEncoding.DecodeString(f.PageToken)
-		if err != nil {
-			return nil, "", errdefs.Invalid("bad page token")
-		}
-		where = append(where, "id > "+arg(string(after)))
-	}
-	q := `SELECT ` + sandboxCols + ` FROM sandboxes`
-	if len(where) > 0 {
-		q += " WHERE " + strings.Join(where, " AND ")
-	}
-	q += " ORDER BY id"
-	if f.Limit > 0 {
-		q += fmt.Sprintf(" LIMIT %d", f.Limit+1)
-	}
-	rows, err := s.pool.Query(ctx, q, args...)
+	q, args, err := sqlstore.ListQuery(f, dialect)
 	if err != nil {
-		return nil, "", fmt.Errorf("list sandboxes: %w", err)
+		return nil, "", err
 	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (store.Sandbox, error) { return scanSandbox(r) })
+	rows, err := s.pool.Query(ctx, rebind(q), args...)
+	out, err := collect(rows, err, "list sandboxes", sqlstore.ScanSandbox)
 	if err != nil {
-		return nil, "", fmt.Errorf("list sandboxes: %w", err)
+		return nil, "", err
 	}
-	var next string
-	if f.Limit > 0 && len(out) > f.Limit {
-		out = out[:f.Limit]
-		next = base64.RawURLEncoding.EncodeToString([]byte(out[len(out)-1].API.ID))
-	}
+	out, next := sqlstore.Page(out, f.Limit)
 	return out, next, nil
 }
 
 // PurgeSandboxes implements store.Store.
 func (s *Store) PurgeSandboxes(ctx context.Context, deletedBefore time.Time) (int, error) {
-	tag, err := s.pool.Exec(ctx, `DELETE FROM sandboxes WHERE deleted_at IS NOT NULL AND deleted_at < $1`, nanos(deletedBefore))
+	tag, err := s.pool.Exec(ctx, sandboxPurge, sqlstore.Nanos(deletedBefore))
 	if err != nil {
 		return 0, fmt.Errorf("purge sandboxes: %w", err)
 	}
