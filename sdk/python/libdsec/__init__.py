@@ -25,7 +25,7 @@ from .errors import (AlreadyExistsError, ApiError, DeadlineExceededError, DsecCo
                      NotFoundError, PermissionDeniedError, ResourceExhaustedError, TooLargeError, UnauthenticatedError,
                      UnavailableError)
 from .models import (BatchItem, BatchProgress, ExecResult, FileInfo, Layer, OutputChunk, OutputPage, Pool, ProcessInfo,
-                     SandboxInfo, Trajectory)
+                     Profile, SandboxInfo, Trajectory)
 
 __version__ = "0.1.0"
 
@@ -37,5 +37,5 @@ __all__ = [
     "DeadlineExceededError", "UnavailableError", "InternalError", "DsecConnectionError", "DsecTimeoutError",
     "ExecError",
     "SandboxInfo", "ExecResult", "OutputChunk", "ProcessInfo", "OutputPage", "FileInfo", "Layer", "BatchItem",
-    "BatchProgress", "Pool", "Trajectory",
+    "BatchProgress", "Pool", "Profile", "Trajectory",
 ]

@@ -96,6 +96,7 @@ def spec(
     phases: Optional[Mapping[str, Any]] = None,
     profile: Optional[str] = None,
     idle_timeout_seconds: Optional[int] = None,
+    burst: bool = False,
 ) -> Dict[str, Any]:
     """The JSON of a create request (also the spec of a batch)."""
     d: Dict[str, Any] = {}
@@ -120,6 +121,8 @@ def spec(
         d["labels"] = dict(labels)
     if env:
         d["env"] = dict(env)
+    if burst:
+        d["burst"] = True
     return d
 
 
@@ -275,3 +278,29 @@ def restore(tid: str, step: Optional[int], ttl_seconds: Optional[int], timeout: 
     if ttl_seconds:
         body["ttl_seconds"] = int(ttl_seconds)
     return jreq("POST", "/v1/trajectories:restore", body, timeout=timeout or CREATE_TIMEOUT)
+
+
+def node_path(node_id: str, op: str = "") -> str:
+    return "/v1/nodes/" + quote(node_id, safe="") + ("/" + op if op else "")
+
+
+def tenant_path(tenant_id: str, rest: str = "") -> str:
+    return "/v1/tenants/" + quote(tenant_id, safe="") + ("/" + rest if rest else "")
+
+
+def drain(node_id: str, on: bool) -> Req:
+    # Setting a flag to a value twice is setting it once: safe to retry.
+    return jreq("POST", node_path(node_id, "drain" if on else "undrain"), None, idempotent=True)
+
+
+def set_quota(tenant_id: str, sandboxes: int, cpu: float, memory_mb: int) -> Req:
+    """PUT /v1/tenants/{id}/quota: the whole quota is replaced; 0 is
+    unlimited (the server refuses negative values)."""
+    body: Dict[str, Any] = {}
+    if sandboxes:
+        body["sandboxes"] = int(sandboxes)
+    if cpu:
+        body["cpu"] = float(cpu)
+    if memory_mb:
+        body["memory_mb"] = int(memory_mb)
+    return jreq("PUT", tenant_path(tenant_id, "quota"), body)

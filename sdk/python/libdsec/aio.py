@@ -10,17 +10,18 @@ import time
 from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Sequence, Union
 
 from . import _ops
+from ._admin import AsyncAdminCalls
 from ._asynchttp import AsyncPool, AsyncResponse
 from ._retry import delay, should_retry
 from .client import ProgressArg, progress_bar
 from .errors import ApiError, DsecError, error_from_response
 from .models import (BatchItem, BatchProgress, ExecResult, FileInfo, Layer, OutputChunk, OutputPage, Pool as PoolInfo,
-                     ProcessInfo, SandboxInfo, parse_exec_event)
+                     ProcessInfo, Profile, SandboxInfo, parse_exec_event)
 
 __all__ = ["AsyncClient", "AsyncSandbox", "AsyncProcess", "AsyncExecStream", "AsyncBatchResult"]
 
 
-class AsyncClient:
+class AsyncClient(AsyncAdminCalls):
     """A client of one dsec server for asyncio; see :class:`libdsec.Client`
     for the arguments. Use it from one event loop, and ``await close()`` (or
     ``async with``) when done."""
@@ -62,7 +63,8 @@ class AsyncClient:
         return await self._json(_ops.jreq("GET", "/healthz"))
 
     async def create(self, *, timeout: Optional[float] = None, **spec: Any) -> "AsyncSandbox":
-        """Creates a sandbox; see :meth:`libdsec.Client.create`."""
+        """Creates a sandbox (``burst=True`` may put it on a cloud burst
+        node); see :meth:`libdsec.Client.create`."""
         d = await self._json(_ops.create(_ops.spec(**spec), timeout))
         return AsyncSandbox(self, SandboxInfo.from_json(d))
 
@@ -171,8 +173,10 @@ class AsyncClient:
                        headers={"Content-Type": "application/octet-stream"})
         return Layer.from_json(await self._json(req))
 
-    async def nodes(self) -> List[Dict[str, Any]]:
-        return (await self._json(_ops.jreq("GET", "/v1/nodes")))["nodes"]
+    async def profiles(self) -> Dict[str, Profile]:
+        """The policy profiles by name; see :meth:`libdsec.Client.profiles`."""
+        d = (await self._json(_ops.jreq("GET", "/v1/profiles")))["profiles"] or {}
+        return {name: Profile.from_json(name, p) for name, p in d.items()}
 
     async def close(self) -> None:
         await self._pool.close()

@@ -14,11 +14,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
 from . import _ops
+from ._admin import AdminCalls
 from ._http import Pool, Response
 from ._retry import delay, should_retry
 from .errors import ApiError, DsecError, error_from_response
 from .models import (BatchItem, BatchProgress, ExecResult, FileInfo, Layer, OutputChunk, OutputPage, Pool as PoolInfo,
-                     ProcessInfo, SandboxInfo, parse_exec_event)
+                     ProcessInfo, Profile, SandboxInfo, parse_exec_event)
 
 __all__ = ["Client", "Sandbox", "Process", "ExecStream", "BatchResult", "progress_bar"]
 
@@ -48,7 +49,7 @@ def progress_bar(stream: Any = None) -> Callable[[BatchProgress], None]:
     return show
 
 
-class Client:
+class Client(AdminCalls):
     """A client of one dsec server.
 
     Args:
@@ -107,7 +108,9 @@ class Client:
         (``container`` default, ``fncall`` takes a warm one, ``microvm``,
         ``fullvm``); ``snapshot``; ``resources`` or ``cpu``/``memory_mb``/
         ``disk_mb``/``pids``; ``network``; ``phase``/``phases``/``profile``;
-        ``ttl_seconds``; ``idle_timeout_seconds``; ``labels``; ``env``.
+        ``ttl_seconds``; ``idle_timeout_seconds``; ``labels``; ``env``;
+        ``burst=True`` lets it run on a cloud burst node (the scheduler uses
+        those only while the regular nodes are above its threshold).
         ``with client.create(...) as sb:`` renews its lease in the background
         while the block runs and destroys it on exit.
         """
@@ -231,7 +234,7 @@ class Client:
         sb.checkpoint = d.get("checkpoint")
         return sb
 
-    # -- layers, nodes, tenants ---------------------------------------------------------------
+    # -- layers, profiles (admin calls: _admin.AdminCalls) -----------------------------------
 
     def layers(self) -> List[Layer]:
         """The tenant's layers and the public ones."""
@@ -255,29 +258,11 @@ class Client:
                        headers={"Content-Type": "application/octet-stream"})
         return Layer.from_json(self._json(req))
 
-    def nodes(self) -> List[Dict[str, Any]]:
-        """Nodes with capacity and allocation (admin key)."""
-        return self._json(_ops.jreq("GET", "/v1/nodes"))["nodes"]
-
-    def create_tenant(self, name: str) -> Dict[str, Any]:
-        """Creates a tenant (admin key)."""
-        return self._json(_ops.jreq("POST", "/v1/tenants", {"name": name}))
-
-    def tenants(self) -> List[Dict[str, Any]]:
-        """Lists tenants (admin key)."""
-        return self._json(_ops.jreq("GET", "/v1/tenants"))["tenants"]
-
-    def create_key(self, tenant: str, *, admin: bool = False) -> str:
-        """Creates an API key for a tenant and returns it (shown only once)."""
-        return self._json(_ops.jreq("POST", f"/v1/tenants/{tenant}/keys", {"admin": admin}))["secret"]
-
-    def keys(self, tenant: str) -> List[Dict[str, Any]]:
-        """Lists a tenant's keys, without secrets (admin key)."""
-        return self._json(_ops.jreq("GET", f"/v1/tenants/{tenant}/keys"))["keys"]
-
-    def delete_key(self, key_id: str) -> None:
-        """Revokes a key (admin key)."""
-        self._send(_ops.jreq("DELETE", f"/v1/keys/{key_id}")).read()
+    def profiles(self) -> Dict[str, Profile]:
+        """The policy profiles ``create(profile=...)`` accepts, by name: the
+        built-in ones (``swe``) and those the server was started with."""
+        d = self._json(_ops.jreq("GET", "/v1/profiles"))["profiles"] or {}
+        return {name: Profile.from_json(name, p) for name, p in d.items()}
 
     def close(self) -> None:
         """Closes the pooled connections."""

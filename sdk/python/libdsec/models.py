@@ -1,5 +1,5 @@
 """Plain data of the dsec API: sandboxes, exec results, processes, files,
-layers, batch results. Each has a ``from_json`` that reads the API's JSON
+layers, batch results, policy profiles. Each has a ``from_json`` that reads the API's JSON
 and keeps the raw dict in ``raw`` for fields this version does not know."""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ __all__ = [
     "BatchItem",
     "BatchProgress",
     "Pool",
+    "Profile",
     "Trajectory",
 ]
 
@@ -48,6 +49,7 @@ class SandboxInfo:
     error: str = ""
     created_at: str = ""
     expires_at: str = ""
+    burst: bool = False  # it may run on a cloud burst node
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -66,6 +68,7 @@ class SandboxInfo:
             error=d.get("error", ""),
             created_at=d.get("created_at", ""),
             expires_at=d.get("expires_at", ""),
+            burst=bool(d.get("burst", False)),
             raw=d,
         )
 
@@ -283,6 +286,22 @@ class Pool:
         g = lambda k: int(d.get(k, 0))  # noqa: E731
         return cls(d["id"], d.get("layers") or {}, g("size"), g("idle"), g("busy"), g("resetting"),
                    g("creating"), g("waiting"), g("target"), g("min"), g("max"), g("calls"), d)
+
+
+@dataclass
+class Profile:
+    """A named set of policy phases (``GET /v1/profiles``): ``create(profile=name)``
+    gives a sandbox these ``phases`` and starts it in ``phase``. Each phase
+    is the API's JSON of it (``{"network": ..., "files": ...}``)."""
+
+    name: str
+    phase: str
+    phases: Dict[str, Dict[str, Any]]
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, name: str, d: Dict[str, Any]) -> "Profile":
+        return cls(name, d.get("phase", ""), d.get("phases") or {}, d)
 
 
 @dataclass
