@@ -17,3 +17,16 @@ func (c *Client) SetPhase(ctx context.Context, id, phase string) (*api.Sandbox, 
 	}
 	return &sb, nil
 }
+
+// Profiles lists the named policy profiles a create may refer to
+// (CreateSandboxRequest.Profile): the built-in ones and those the server
+// was started with, by name.
+func (c *Client) Profiles(ctx context.Context) (map[string]api.Profile, error) {
+	var out struct {
+		Profiles map[string]api.Profile `json:"profiles"`
+	}
+	if err := c.do(ctx, http.MethodGet, "/v1/profiles", nil, nil, &out); err != nil {
+		return nil, err
+	}
+	return out.Profiles, nil
+}

@@ -1,7 +1,10 @@
 package e2e
 
 import (
+	"maps"
 	"os"
+	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -160,10 +163,48 @@ func TestPhases(t *testing.T) {
 	})
 }
 
-// TestProfiles: a named profile stands for its phases.
+// TestProfiles: a named profile stands for its phases, and the client lists
+// the built-in profiles with those the server was started with.
 func TestProfiles(t *testing.T) {
-	s := startServer(t)
+	file := filepath.Join(t.TempDir(), "profiles.json")
+	if err := os.WriteFile(file, []byte(`{"grader": {"phase": "work", "phases": {
+		"work": {"network": {"mode": "none"}, "files": {"deny": ["/grade"]}},
+		"grade": {"network": {"mode": "none"}}}}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := startServer(t, "--profiles", file)
 	c := s.Client
+	t.Run("listed", func(t *testing.T) {
+		ps, err := c.Profiles(ctxT(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if swe := ps["swe"]; swe.Phase != "setup" || len(swe.Phases) != 3 {
+			t.Errorf("built-in swe: %+v", swe)
+		}
+		g := ps["grader"]
+		if g.Phase != "work" || len(g.Phases) != 2 || g.Phases["work"].Files == nil || g.Phases["work"].Files.Deny[0] != "/grade" {
+			t.Errorf("server profile grader: %+v", g)
+		}
+		if len(ps) != 2 {
+			t.Errorf("profiles %v, want swe and grader", slices.Collect(maps.Keys(ps)))
+		}
+	})
+	t.Run("a listed profile creates", func(t *testing.T) {
+		sb, err := c.CreateSandbox(ctxT(t), &api.CreateSandboxRequest{
+			Layers: &api.LayerRefs{Base: "base:minimal"}, Profile: "grader", Resources: api.Resources{MemoryMB: 64},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.DeleteSandbox(ctxT(t), sb.ID)
+		if sb.Phase != "work" || len(sb.Phases) != 2 {
+			t.Fatalf("created from grader: phase %q, phases %v", sb.Phase, sb.Phases)
+		}
+		if got := execRes(t, c, sb.ID, "mkdir -p /grade/x 2>/dev/null && echo made"); got.ExitCode == 0 {
+			t.Errorf("/grade is writable in phase work: %q", got.Stdout)
+		}
+	})
 	sb, err := c.CreateSandbox(ctxT(t), &api.CreateSandboxRequest{
 		Layers: &api.LayerRefs{Base: "base:minimal"}, Profile: "swe", Resources: api.Resources{MemoryMB: 128},
 	})
