@@ -88,6 +88,7 @@ class NodeDrainTest(unittest.TestCase):
         self.addCleanup(admin.close)
         tenant = admin.create_tenant("py-drain-" + uuid.uuid4().hex[:8])
         key = admin.create_key(tenant["id"])
+        self.addCleanup(lambda: [admin.delete_key(k["id"]) for k in admin.keys(tenant["id"])])
         user = libdsec.Client(api_key=key)
         self.addCleanup(user.close)
         node = admin.nodes()[0]["id"]
