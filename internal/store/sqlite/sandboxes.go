@@ -169,7 +169,7 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
 
 // MoveSandbox implements store.Store.
 func (s *Store) MoveSandbox(ctx context.Context, sb *store.Sandbox, node string) error {
-	moved, args, err := sqlstore.Moved(sb, node)
+	_, args, err := sqlstore.Moved(sb, node)
 	if err != nil {
 		return err
 	}
@@ -181,12 +181,20 @@ func (s *Store) MoveSandbox(ctx context.Context, sb *store.Sandbox, node string)
 		if err := sqlstore.CheckMove(sb, st); err != nil {
 			return err
 		}
-		if err := s.release(tx, st); err != nil {
-			return err
+		// The stored charge moves from node to node; the tenant's usage
+		// does not change, so its quota is not asked again.
+		c := st.Charge
+		if _, err := s.exec(tx, sqlstore.NodeRelease, sqlstore.NodeReleaseArgs(st.Node, c)...); err != nil {
+			return fmt.Errorf("release node %s: %w", st.Node, err)
 		}
-		if err := s.charge(tx, []*store.Sandbox{moved}); err != nil {
-			return err
+		res, err := s.exec(tx, sqlstore.NodeCharge, sqlstore.NodeChargeArgs(node, c)...)
+		if err != nil {
+			return fmt.Errorf("charge node %s: %w", node, err)
 		}
+		if n, _ := res.RowsAffected(); n != 1 {
+			return &store.PlaceError{Node: node, Err: store.ErrNodeFull}
+		}
+		sqlstore.SetCharge(args, c)
 		if _, err := s.exec(tx, sqlstore.SandboxUpdate, sqlstore.UpdateArgs(args, sb, true)...); err != nil {
 			return fmt.Errorf("move sandbox: %w", err)
 		}

@@ -250,6 +250,27 @@ func runCluster(t *testing.T, open func(t *testing.T) store.Store) {
 		if a, b := mustNode(t, s, "a"), mustNode(t, s, "b"); a.Sandboxes != 0 || a.Allocated.MemoryMB != 0 || b.Allocated.MemoryMB != 400 {
 			t.Fatalf("charges after move: a %+v b %+v", a.Allocated, b.Allocated)
 		}
+		// A move is no new charge to the tenant: it goes through with the
+		// tenant's quota lowered below what it uses, and leaves its usage
+		// as it was.
+		if err := s.SetQuota(ctx, "t", store.Quota{MemoryMB: 100}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.MoveSandbox(ctx, sb, "a"); err != nil {
+			t.Fatalf("move with the quota below usage: %v", err)
+		}
+		if u, err := s.Usage(ctx, "t"); err != nil || u.Sandboxes != 1 || u.MemoryMB != 400 || u.CPU != 1 {
+			t.Fatalf("tenant usage after a move: %+v, %v", u, err)
+		}
+		if err := s.MoveSandbox(ctx, sb, "b"); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.SetQuota(ctx, "t", store.Quota{}); err != nil {
+			t.Fatal(err)
+		}
+		if a, b := mustNode(t, s, "a"), mustNode(t, s, "b"); a.Sandboxes != 0 || a.Allocated.MemoryMB != 0 || b.Sandboxes != 1 || b.Allocated.MemoryMB != 400 {
+			t.Fatalf("charges after moving back: a %+v b %+v", a.Allocated, b.Allocated)
+		}
 		big := placed("m2", "a", "t", 1, 200)
 		s.PlaceSandboxes(ctx, []*store.Sandbox{big})
 		if err := s.MoveSandbox(ctx, big, "b"); !errors.Is(err, store.ErrNodeFull) {
