@@ -45,6 +45,11 @@ func WriteError(w http.ResponseWriter, r *http.Request, err error) {
 		slog.Error("internal error", "ref", ref, "method", r.Method, "path", r.URL.Path, "err", err)
 		msg = "internal error (ref " + ref + " in the server log)"
 	}
+	if (code == api.CodeResourceExhausted && !errors.Is(err, errdefs.ErrQuotaExceeded)) || code == api.CodeUnavailable {
+		// Room frees up and nodes come back: worth a retry, unlike a
+		// used-up quota.
+		w.Header().Set("Retry-After", "1")
+	}
 	WriteJSON(w, api.HTTPStatus(code), api.ErrorResponse{Error: &api.Error{Code: code, Message: msg}})
 }
 

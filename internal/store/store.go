@@ -302,7 +302,7 @@ type Usage struct {
 // The reasons a placement is refused; both are resource exhaustion.
 var (
 	ErrNodeFull      = fmt.Errorf("node cannot take it: %w", errdefs.ErrResourceExhausted)
-	ErrQuotaExceeded = fmt.Errorf("tenant quota exceeded: %w", errdefs.ErrResourceExhausted)
+	ErrQuotaExceeded = errdefs.ErrQuotaExceeded
 )
 
 // PlaceError says which node (ErrNodeFull) or tenant (ErrQuotaExceeded)

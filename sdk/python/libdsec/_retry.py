@@ -12,15 +12,19 @@ BASE_DELAY = 0.2
 MAX_DELAY = 5.0
 
 
-def should_retry(req: Req, err: BaseException) -> bool:
+def should_retry(req: Req, err: BaseException, headers: Optional[Dict[str, str]] = None) -> bool:
     """Idempotent calls are retried on 429, 503 and broken connections;
-    other calls only on a 429 refused before any work was done."""
+    other calls only on a 429 refused before any work was done. A 429
+    without ``Retry-After`` (a used-up tenant quota) is not retried:
+    waiting does not cure it."""
     if isinstance(err, DsecTimeoutError):
         return False
     if isinstance(err, DsecConnectionError):
         return req.idempotent
     if isinstance(err, ApiError):
         if err.status == 429:
+            if not (headers or {}).get("retry-after"):
+                return False
             return req.idempotent or req.retry_busy
         if err.status == 503:
             return req.idempotent

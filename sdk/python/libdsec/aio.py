@@ -49,7 +49,7 @@ class AsyncClient(AsyncAdminCalls):
                 hdrs = resp.headers
             except ApiError as e:
                 err, hdrs = e, {}
-            if attempt >= self.retries or not should_retry(req, err):
+            if attempt >= self.retries or not should_retry(req, err, hdrs):
                 raise err
             await asyncio.sleep(delay(attempt, hdrs))
             attempt += 1

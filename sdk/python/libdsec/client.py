@@ -85,7 +85,7 @@ class Client(AdminCalls):
                 hdrs = resp.headers
             except ApiError as e:  # connection errors are ApiErrors too
                 err, hdrs = e, {}
-            if attempt >= self.retries or not should_retry(req, err):
+            if attempt >= self.retries or not should_retry(req, err, hdrs):
                 raise err
             time.sleep(delay(attempt, hdrs))
             attempt += 1

@@ -29,13 +29,17 @@ class Script(BaseHTTPRequestHandler):
         srv = self.server
         with srv.lock:
             srv.hits.append((self.command, self.path))
-            status, body = srv.script.pop(0) if srv.script else (200, {"ok": True})
+            entry = srv.script.pop(0) if srv.script else (200, {"ok": True})
+        status, body = entry[0], entry[1]
+        # A 429 says when to come back, as dsec's does, unless the entry
+        # gives its own headers (a used-up quota has no Retry-After).
+        headers = entry[2] if len(entry) > 2 else ({"Retry-After": "0"} if status == 429 else {})
         data = json.dumps(body).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
-        if status == 429:
-            self.send_header("Retry-After", "0")
+        for k, v in headers.items():
+            self.send_header(k, v)
         self.end_headers()
         self.wfile.write(data)
 
@@ -98,6 +102,15 @@ class RetryTest(unittest.TestCase):
         sb = {"id": "sb-1", "backend": "container", "state": "running"}
         srv, client, _ = self.run_case([(429, err("resource_exhausted", "no room")), (201, sb)], None)
         self.assertEqual(client.create(base="b").id, "sb-1")
+        self.assertEqual(len(srv.hits), 2)
+
+    def test_quota_refusal_is_not_retried(self):
+        quota = (429, err("resource_exhausted", "tenant quota exceeded"), {})
+        srv, client, _ = self.run_case([quota, quota], None)
+        with self.assertRaises(libdsec.ResourceExhaustedError):
+            client.create(base="b")
+        with self.assertRaises(libdsec.ResourceExhaustedError):
+            client.layers()
         self.assertEqual(len(srv.hits), 2)
 
     def test_errors_map_to_classes(self):

@@ -1,0 +1,33 @@
+package httpapi
+
+import (
+	"fmt"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/dsec-project/dsec/internal/errdefs"
+)
+
+// TestRetryAfter: refusals that waiting cures say when to come back; a
+// used-up quota does not.
+func TestRetryAfter(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		err    error
+		status int
+		retry  string
+	}{
+		{"no room", fmt.Errorf("no node has room: %w", errdefs.ErrResourceExhausted), 429, "1"},
+		{"quota", fmt.Errorf("tenant t: %w", errdefs.ErrQuotaExceeded), 429, ""},
+		{"unavailable", fmt.Errorf("node away: %w", errdefs.ErrUnavailable), 503, "1"},
+		{"bad input", errdefs.Invalid("bad"), 400, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := httptest.NewRecorder()
+			WriteError(w, httptest.NewRequest("POST", "/v1/sandboxes", nil), tc.err)
+			if w.Code != tc.status || w.Header().Get("Retry-After") != tc.retry {
+				t.Fatalf("status %d, Retry-After %q; want %d, %q", w.Code, w.Header().Get("Retry-After"), tc.status, tc.retry)
+			}
+		})
+	}
+}
