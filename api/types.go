@@ -163,7 +163,7 @@ type Trajectory struct {
 	// CheckpointEvery, if set, asks for a checkpoint (a pack_diff snapshot
 	// of the sandbox) after every step that is a multiple of it, from now
 	// on; it is a setting of the trajectory, kept until another step
-	// changes it. See Checkpoint.
+	// changes it; -1 stops checkpoints. See Checkpoint.
 	CheckpointEvery int64 `json:"checkpoint_every,omitempty"`
 }
 

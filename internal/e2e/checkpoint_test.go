@@ -216,6 +216,33 @@ func TestTrajectoryCheckpoints(t *testing.T) {
 
 // TestTrajectoryCheckpointBadInput checks the refusals of checkpoints and
 // restores: every one a 4xx error object.
+// TestCheckpointsStop: checkpoint_every -1 on a step stops the
+// trajectory's checkpoints; the ones taken stay.
+func TestCheckpointsStop(t *testing.T) {
+	s := startServer(t)
+	c := s.Client
+	ctx := ctxT(t)
+	sb := newSandbox(t, c, nil)
+	const traj = "stop-ckpt"
+	first := stepReq(traj, 1, "echo 1 >> /log")
+	first.Trajectory.CheckpointEvery = 1
+	execStep(t, c, sb.ID, first)
+	checkpointSteps(t, c, traj, 1)
+
+	stop := stepReq(traj, 2, "echo 2 >> /log")
+	stop.Trajectory.CheckpointEvery = -1
+	execStep(t, c, sb.ID, stop)
+	execStep(t, c, sb.ID, stepReq(traj, 3, "echo 3 >> /log"))
+	// A checkpoint after step 2 or 3 would hold this back until taken.
+	if got := sh(t, c, sb.ID, "cat /log"); got != "1\n2\n3\n" {
+		t.Fatalf("/log = %q", got)
+	}
+	l, err := c.GetTrajectory(ctx, traj)
+	if err != nil || l.CheckpointEvery != 0 || len(l.Checkpoints) != 1 || l.Checkpoints[0].Step != 1 {
+		t.Fatalf("after checkpoint_every -1: %+v, %v; want no interval and the checkpoint at step 1 only", l, err)
+	}
+}
+
 func TestTrajectoryCheckpointBadInput(t *testing.T) {
 	s := startServer(t)
 	c := s.Client
@@ -224,7 +251,7 @@ func TestTrajectoryCheckpointBadInput(t *testing.T) {
 	execStep(t, c, sb.ID, stepReq("plain", 1, "true")) // a trajectory without checkpoints
 
 	t.Run("exec", func(t *testing.T) {
-		for _, every := range []int64{-1, 1 << 53} {
+		for _, every := range []int64{-2, 1 << 53} {
 			req := &api.ExecRequest{Shell: "true", Trajectory: &api.Trajectory{ID: "bad", Step: 1, CheckpointEvery: every}}
 			if _, err := c.Exec(ctx, sb.ID, req); client.Code(err) != api.CodeInvalid {
 				t.Errorf("checkpoint_every %d: %v", every, err)

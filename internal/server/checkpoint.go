@@ -110,14 +110,18 @@ func (s *Server) setCheckpointEvery(ctx context.Context, tenant string, t *api.T
 	if t.CheckpointEvery == 0 {
 		return nil
 	}
+	every := max(t.CheckpointEvery, 0) // trajectory.CheckpointsOff: none from now on
 	cur, err := s.store.GetTrajectory(ctx, tenant, t.ID)
-	if err == nil && cur.CheckpointEvery == t.CheckpointEvery {
+	if err == nil && cur.CheckpointEvery == every {
 		return nil
 	}
 	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		return err
 	}
-	return s.store.PutTrajectory(ctx, store.Trajectory{Tenant: tenant, ID: t.ID, CheckpointEvery: t.CheckpointEvery,
+	if err != nil && every == 0 {
+		return nil // nothing to stop
+	}
+	return s.store.PutTrajectory(ctx, store.Trajectory{Tenant: tenant, ID: t.ID, CheckpointEvery: every,
 		UpdatedAt: time.Now().UTC()})
 }
 

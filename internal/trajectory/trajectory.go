@@ -28,6 +28,9 @@ const (
 	// MaxStep is the largest step number (exact in a float64, for
 	// clients that parse JSON numbers as doubles).
 	MaxStep = 1<<53 - 1
+	// CheckpointsOff as a step's checkpoint_every stops the trajectory's
+	// checkpoints (0 keeps its setting).
+	CheckpointsOff = -1
 )
 
 var idRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:@/+=-]{0,255}$`)
@@ -49,8 +52,8 @@ func CheckExec(req *api.ExecRequest) error {
 	switch {
 	case t.Step < 0 || t.Step > MaxStep:
 		return errdefs.Invalid("trajectory step %d: want 0 to %d", t.Step, int64(MaxStep))
-	case t.CheckpointEvery < 0 || t.CheckpointEvery > MaxStep:
-		return errdefs.Invalid("trajectory checkpoint_every %d: want 1 to %d steps, or 0 to keep the trajectory's setting", t.CheckpointEvery, int64(MaxStep))
+	case t.CheckpointEvery < CheckpointsOff || t.CheckpointEvery > MaxStep:
+		return errdefs.Invalid("trajectory checkpoint_every %d: want 1 to %d steps, 0 to keep the trajectory's setting, or -1 to stop checkpoints", t.CheckpointEvery, int64(MaxStep))
 	case req.Background:
 		return errdefs.Invalid("a background exec has no result to record: drop background or trajectory")
 	case req.Tag != "":
