@@ -199,7 +199,7 @@ func sandboxExec(ctx context.Context, fs *flag.FlagSet, newClient func() *client
 	stdin := fs.Bool("i", false, "send this program's stdin to the command")
 	traj := fs.String("trajectory", "", "record the command as a step of this trajectory (replayed if already recorded)")
 	step := fs.Int64("step", 0, "the step number, with --trajectory")
-	every := fs.Int64("checkpoint-every", 0, "with --trajectory: checkpoint the sandbox after every step that is a multiple of this, from now on")
+	every := fs.Int64("checkpoint-every", 0, "with --trajectory: checkpoint the sandbox after every step that is a multiple of this, from now on (-1: stop)")
 	fs.Var(&env, "env", "KEY=VALUE (repeatable)")
 	pos, cmd, err := parseArgs(fs, args)
 	if err != nil {

@@ -311,7 +311,8 @@ class Trajectory:
     ``checkpoint_every=K`` (a setting of the trajectory from this step on)
     has the server snapshot the sandbox after every step that is a multiple
     of K, so that a lost sandbox can be restored
-    (:meth:`libdsec.Client.restore_trajectory`)."""
+    (:meth:`libdsec.Client.restore_trajectory`); ``checkpoint_every=-1``
+    stops them."""
 
     id: str
     step: int
