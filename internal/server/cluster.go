@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -242,7 +243,21 @@ func (s *Server) runNodeSync(ctx context.Context) {
 // runs without a live record are destroyed. Unless all is set, creates
 // younger than createTimeout are left alone: another request (or replica)
 // may be placing them right now.
+//
+// The records are read before the node's list: a record running by then
+// was created on the node before the list was taken, so missing from it
+// means lost. (Read the other way round, a create finishing between the
+// two reads looked missing, and its sandbox was failed.) A sandbox the
+// node lists without a record read here is looked up again before it is
+// destroyed: its create may have started after the records were read.
 func (s *Server) reconcile(ctx context.Context, nodeID string, c *edge.Client, all bool) error {
+	records, _, err := s.store.ListSandboxes(ctx, store.SandboxFilter{
+		AllTenants: true, Node: nodeID,
+		States: []string{api.StateCreating, api.StateRunning, api.StatePaused, api.StateLost},
+	})
+	if err != nil {
+		return fmt.Errorf("reconcile node %s: %w", nodeID, err)
+	}
 	running, err := c.List(ctx)
 	if err != nil {
 		return fmt.Errorf("reconcile node %s: %w", nodeID, err)
@@ -250,13 +265,6 @@ func (s *Server) reconcile(ctx context.Context, nodeID string, c *edge.Client, a
 	onNode := map[string]bool{}
 	for _, st := range running {
 		onNode[st.ID] = true
-	}
-	records, _, err := s.store.ListSandboxes(ctx, store.SandboxFilter{
-		AllTenants: true, Node: nodeID,
-		States: []string{api.StateCreating, api.StateRunning, api.StatePaused, api.StateLost},
-	})
-	if err != nil {
-		return fmt.Errorf("reconcile node %s: %w", nodeID, err)
 	}
 	now := time.Now().UTC()
 	live := map[string]bool{}
@@ -293,6 +301,10 @@ func (s *Server) reconcile(ctx context.Context, nodeID string, c *edge.Client, a
 	for id := range onNode {
 		if live[id] {
 			continue
+		}
+		if sb, err := s.store.GetSandbox(ctx, id); err == nil && sb.DeletedAt == nil && sb.API.Node == nodeID &&
+			slices.Contains(liveStates, sb.API.State) {
+			continue // created since the records were read
 		}
 		s.log.Info("reconcile: destroying orphan sandbox", "sandbox", id, "node", nodeID)
 		if err := c.Destroy(ctx, id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {

@@ -465,3 +465,48 @@ func testLogger() *slog.Logger {
 	}
 	return slog.New(slog.DiscardHandler)
 }
+
+// TestReconcileRacesCreates: creates that finish while a reconcile of
+// their node is under way are neither failed as lost nor destroyed as
+// orphans, whether they finish after the node's list was taken or before.
+func TestReconcileRacesCreates(t *testing.T) {
+	ctx := context.Background()
+	c := sim.NewCluster()
+	nodes := addNodes(t, c, 1, api.Resources{CPU: 8, MemoryMB: 10000}, nil, "n")
+	r := newReplica(t, openSQLite(t), c, filepath.Join(t.TempDir(), "admin.key"))
+	heartbeats(t, c, r)
+	ec, err := c.NewClient(nodes[0].Addr(), nodes[0].Token())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		hold func(n *sim.Node, f func())
+	}{
+		{"after the list", func(n *sim.Node, f func()) { n.OnNextList(nil, f) }},
+		{"before the list", func(n *sim.Node, f func()) { n.OnNextList(f, nil) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			held, release := make(chan struct{}), make(chan struct{})
+			tc.hold(nodes[0], func() { close(held); <-release })
+			done := make(chan error, 1)
+			go func() { done <- server.Reconcile(r.srv, ctx, nodes[0].ID, ec) }()
+			<-held
+			sb, err := r.client.CreateSandbox(ctx, small())
+			close(release)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			got, err := r.client.GetSandbox(ctx, sb.ID)
+			if err != nil || got.State != api.StateRunning {
+				t.Fatalf("after the reconcile: %+v, %v; want running", got, err)
+			}
+			if _, err := nodes[0].Backend.State(ctx, sb.ID); err != nil {
+				t.Fatalf("the node no longer runs it: %v", err)
+			}
+		})
+	}
+}

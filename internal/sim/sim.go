@@ -124,6 +124,20 @@ type Node struct {
 
 	mu   sync.Mutex
 	load api.NodeLoad
+
+	beforeList, afterList atomic.Pointer[func()]
+}
+
+// OnNextList makes the node's next answer to a list of its sandboxes
+// call before (if set) before the list is taken and after (if set) once
+// it is taken and before it is sent: tests hold a reconcile there.
+func (n *Node) OnNextList(before, after func()) {
+	if before != nil {
+		n.beforeList.Store(&before)
+	}
+	if after != nil {
+		n.afterList.Store(&after)
+	}
 }
 
 // SetLoad sets what the node reports as its load from now on (nothing,
@@ -136,6 +150,9 @@ func (n *Node) SetLoad(l api.NodeLoad) {
 
 // Addr is the node's edge address: only Cluster.NewClient reaches it.
 func (n *Node) Addr() string { return "http://sim-" + n.ID }
+
+// Token is the token the node's edge takes from the control plane.
+func (n *Node) Token() string { return n.token }
 
 // Kill makes the node stop answering, as a crashed host would: calls to
 // it fail to connect, and Cluster.Heartbeats skips it.
@@ -218,7 +235,14 @@ func (t transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
 	}
 	w := &response{header: http.Header{}, status: http.StatusOK}
+	list := req.Method == http.MethodGet && req.URL.Path == "/v1/sandboxes"
+	if f := t.n.beforeList.Load(); list && f != nil && t.n.beforeList.CompareAndSwap(f, nil) {
+		(*f)()
+	}
 	t.n.handler.ServeHTTP(w, req)
+	if f := t.n.afterList.Load(); list && f != nil && t.n.afterList.CompareAndSwap(f, nil) {
+		(*f)()
+	}
 	if req.Body != nil {
 		req.Body.Close()
 	}
