@@ -23,12 +23,13 @@ var (
 	ErrFailedPrecondition = errors.New("failed precondition")
 	ErrTooLarge           = errors.New("too large")
 	ErrResourceExhausted  = errors.New("resource exhausted")
-	// ErrQuotaExceeded is a resource exhausted that waiting does not cure:
-	// the tenant's quota is used up until the tenant frees some of it or
-	// an admin raises it. Its answers carry no Retry-After.
-	ErrQuotaExceeded = fmt.Errorf("tenant quota exceeded: %w", ErrResourceExhausted)
 	ErrUnavailable        = errors.New("unavailable")
 )
+
+// ErrQuotaExceeded is a resource exhausted that waiting does not cure: the
+// tenant's quota is used up until the tenant frees some of it or an admin
+// raises it. Its answers carry no Retry-After.
+var ErrQuotaExceeded = fmt.Errorf("tenant quota exceeded: %w", ErrResourceExhausted)
 
 var classes = []struct {
 	err  error
