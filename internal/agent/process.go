@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -18,9 +19,10 @@ import (
 	"github.com/dsec-project/dsec/api"
 )
 
-// drainGrace bounds how long output is read after a command's leader has
-// exited: a background child still holding the pipe must not hold the
-// request.
+// drainGrace bounds how long output is waited for after a command's
+// leader has exited: a background child still holding the pipe must not
+// hold the request. It never cuts what the leader wrote: that is in the
+// pipe when it exits, and is read whatever the time (see pump).
 const drainGrace = 75 * time.Millisecond
 
 // setupProcess makes the calling process fit to be the agent.
@@ -134,6 +136,9 @@ type command struct {
 	started time.Time
 	exited  time.Time // set by wait
 	pumps   sync.WaitGroup
+	// read counts the bytes pumped from stdout and stderr; owed is, from
+	// the leader's exit on, a bound on what the pipe held then (see drain).
+	read, owed [2]atomic.Int64
 }
 
 // start forks the command in its own process group and pumps its stdout
@@ -168,8 +173,8 @@ func (s *Server) start(spec *execSpec, stdout, stderr io.Writer) (*command, erro
 	}
 	c := &command{child: ch, io: pipes, started: started}
 	c.pumps.Add(2)
-	go c.pump(pipes.stdout, stdout)
-	go c.pump(pipes.stderr, stderr)
+	go c.pump(0, pipes.stdout, stdout)
+	go c.pump(1, pipes.stderr, stderr)
 	if pipes.stdin != nil {
 		go func() {
 			// EPIPE (the child did not read it all) or closed by drain.
@@ -180,18 +185,43 @@ func (s *Server) start(spec *execSpec, stdout, stderr io.Writer) (*command, erro
 	return c, nil
 }
 
-func (c *command) pump(r *os.File, w io.Writer) {
+func (c *command) pump(i int, r *os.File, w io.Writer) {
 	defer c.pumps.Done()
-	buf := make([]byte, 32<<10)
+	buf := make([]byte, pumpBuf)
 	for {
 		n, err := r.Read(buf)
 		if n > 0 {
 			_, _ = w.Write(buf[:n]) // our writers do not fail
+			c.read[i].Add(int64(n))
 		}
 		if err != nil {
+			// drain's deadline passed. What the leader wrote before it
+			// exited may still wait in the pipe (a starved agent reads
+			// late): read on while the pipe holds data and less than owed
+			// was read. A pipe empty at the deadline, or a lingering
+			// child's endless writes past owed, end it.
+			if errors.Is(err, os.ErrDeadlineExceeded) && c.read[i].Load() < c.owed[i].Load() && pending(r) > 0 {
+				_ = r.SetReadDeadline(time.Now().Add(drainGrace))
+				continue
+			}
 			return
 		}
 	}
+}
+
+// pumpBuf is the most one read of a pump takes from a pipe.
+const pumpBuf = 32 << 10
+
+// pending is how many bytes wait in the pipe r (0 if unknown).
+func pending(r *os.File) int {
+	rc, err := r.SyscallConn()
+	if err != nil {
+		return 0
+	}
+	n := 0
+	// TIOCINQ is FIONREAD, which pipes answer too.
+	_ = rc.Control(func(fd uintptr) { n, _ = unix.IoctlGetInt(int(fd), unix.TIOCINQ) })
+	return n
 }
 
 // wait waits for the leader to exit, killing the group on timeout (if
@@ -223,12 +253,19 @@ func (c *command) wait(ctx context.Context, timeout time.Duration) (timedOut boo
 	return timedOut
 }
 
-// drain reads what is left in the pipes, for at most drainGrace, and
-// closes them. It does not kill what still holds them.
+// drain reads what is left in the pipes and closes them: all that the
+// leader wrote, and what lingering children write within drainGrace. It
+// does not kill what still holds them.
+//
+// owed bounds what the pipe held at the leader's exit from above: bytes
+// waiting, plus bytes read so far, plus one read a pump may have taken
+// from the pipe and not counted yet.
 func (c *command) drain() {
 	deadline := time.Now().Add(drainGrace)
-	_ = c.io.stdout.SetReadDeadline(deadline)
-	_ = c.io.stderr.SetReadDeadline(deadline)
+	for i, f := range []*os.File{c.io.stdout, c.io.stderr} {
+		c.owed[i].Store(int64(pending(f)) + c.read[i].Load() + pumpBuf)
+		_ = f.SetReadDeadline(deadline)
+	}
 	c.pumps.Wait()
 	c.io.closeParent() // also ends a stdin write nobody reads
 }
