@@ -16,7 +16,7 @@ import (
 
 func benchCmd(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return errors.New("usage: dsec bench create|reset|seccomp|fncall|batch|trajectory|image|microvm|cluster [flags]")
+		return errors.New("usage: dsec bench create|reset|seccomp|fncall|batch|trajectory|image|microvm|cluster|soak [flags]")
 	}
 	sub, args := args[0], args[1:]
 	fs := flag.NewFlagSet("dsec bench "+sub, flag.ContinueOnError)
@@ -103,6 +103,18 @@ func benchCmd(ctx context.Context, args []string) error {
 		}
 		ck.Client, ck.Base, ck.Prefix = cfg.Client, cfg.Base, fmt.Sprintf("bench-ckpt-%d", time.Now().UnixNano())
 		return bench.Checkpoints(ctx, ck)
+	case "soak":
+		cfg := bench.SoakConfig{Out: os.Stdout}
+		fs.StringVar(&cfg.Base, "base", "base:minimal", "base layer")
+		fs.IntVar(&cfg.Sandboxes, "sandboxes", 16, "long-lived sandboxes")
+		fs.IntVar(&cfg.Workers, "workers", 2, "exec loops per sandbox (each: a buffered, then a streamed exec)")
+		fs.IntVar(&cfg.Churners, "churners", 4, "create→exec→reset→exec→destroy loops")
+		fs.DurationVar(&cfg.Duration, "duration", 2*time.Minute, "how long")
+		if _, _, err := parseArgs(fs, args); err != nil {
+			return err
+		}
+		cfg.Client = newClient()
+		return bench.Soak(ctx, cfg)
 	case "image":
 		return benchImage(ctx, fs, args)
 	case "microvm":

@@ -32,7 +32,7 @@ Client side (DSEC_URL, DSEC_API_KEY or --url, --key):
   dsec key create|ls|rm
   dsec fncall [flags] -- CMD...    one call on a warm pool; also: dsec fncall pools|warm
   dsec node ls|get|drain|undrain
-  dsec bench create|reset|seccomp|fncall|batch|trajectory|image|microvm|cluster
+  dsec bench create|reset|seccomp|fncall|batch|trajectory|image|microvm|cluster|soak
 
 Run "dsec COMMAND -h" for a command's flags.
 `

@@ -176,6 +176,7 @@ func (c *Client) ProxyAgent(w http.ResponseWriter, r *http.Request, id, path str
 			pr.Out.Header.Set("Authorization", "Bearer "+c.token)
 		}
 	}
+	fullDuplex(w)
 	rp.ServeHTTP(w, r2)
 }
 

@@ -136,5 +136,18 @@ func (e *Edge) proxyAgent(w http.ResponseWriter, r *http.Request) {
 			}})
 		},
 	}
+	fullDuplex(w)
 	rp.ServeHTTP(w, r)
+}
+
+// fullDuplex lets a proxying handler go on reading the request body after
+// it has begun the response. An agent answers once it has parsed the
+// request, which may be before the proxy's transport has read the body to
+// its end; without full duplex an HTTP/1 server closes the body at the
+// response's first flush, the transport's write fails, and it closes the
+// connection under the response still being copied: under load, answers
+// were cut short (a client saw "unexpected EOF", a stream without its exit
+// event).
+func fullDuplex(w http.ResponseWriter) {
+	_ = http.NewResponseController(w).EnableFullDuplex() // HTTP/2 is always full duplex
 }

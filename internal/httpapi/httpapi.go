@@ -40,7 +40,12 @@ func WriteJSON(w http.ResponseWriter, status int, v any) {
 func WriteError(w http.ResponseWriter, r *http.Request, err error) {
 	code := errdefs.Code(err)
 	msg := err.Error()
-	if code == api.CodeInternal {
+	if code == api.CodeInternal && r.Context().Err() != nil {
+		// The client went away and took the request's context with it:
+		// nobody reads this answer, and nothing failed on our side.
+		slog.Debug("request ended by its client", "method", r.Method, "path", r.URL.Path, "err", err)
+		msg = "request canceled by the client"
+	} else if code == api.CodeInternal {
 		ref := fmt.Sprintf("%08x", rand.Uint32())
 		slog.Error("internal error", "ref", ref, "method", r.Method, "path", r.URL.Path, "err", err)
 		msg = "internal error (ref " + ref + " in the server log)"

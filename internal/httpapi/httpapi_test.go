@@ -1,8 +1,13 @@
 package httpapi
 
 import (
+	"bytes"
+	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/dsec-project/dsec/internal/errdefs"
@@ -29,5 +34,25 @@ func TestRetryAfter(t *testing.T) {
 				t.Fatalf("status %d, Retry-After %q; want %d, %q", w.Code, w.Header().Get("Retry-After"), tc.status, tc.retry)
 			}
 		})
+	}
+}
+
+// TestClientGone: an error caused by the client leaving is not logged as
+// an internal error.
+func TestClientGone(t *testing.T) {
+	var logs bytes.Buffer
+	prev := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&logs, nil)))
+	defer slog.SetDefault(prev)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	w := httptest.NewRecorder()
+	WriteError(w, httptest.NewRequest("POST", "/v1/sandboxes", nil).WithContext(ctx), context.Canceled)
+	if strings.Contains(logs.String(), "internal error") {
+		t.Fatalf("logged: %s", logs.String())
+	}
+	WriteError(w, httptest.NewRequest("POST", "/v1/sandboxes", nil), errors.New("boom"))
+	if !strings.Contains(logs.String(), "internal error") {
+		t.Fatalf("a real internal error was not logged: %q", logs.String())
 	}
 }
