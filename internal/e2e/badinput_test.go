@@ -138,3 +138,34 @@ func TestFailedCreateLeavesNothing(t *testing.T) {
 		t.Fatalf("failed create still listed: %+v", list.Sandboxes)
 	}
 }
+
+// TestEarlyErrorClosesConnection: an upload refused before its body was
+// read (over the file limit) tells the client to close the connection,
+// which the server does; the client's next request then goes on a new
+// connection instead of into the closed one.
+func TestEarlyErrorClosesConnection(t *testing.T) {
+	s := startServer(t, "--max-file-bytes", "1048576")
+	sb := newSandbox(t, s.Client, nil)
+	c := &http.Client{Transport: &http.Transport{MaxConnsPerHost: 1}}
+	defer c.CloseIdleConnections()
+	for i := range 5 {
+		req, _ := http.NewRequest(http.MethodPut, s.URL+"/v1/sandboxes/"+sb.ID+"/files?path=/big", strings.NewReader(strings.Repeat("x", 2<<20)))
+		req.Header.Set("Authorization", "Bearer "+s.Key)
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusRequestEntityTooLarge || !resp.Close {
+			t.Fatalf("round %d: status %d, Connection: close %v; want 413 and close", i, resp.StatusCode, resp.Close)
+		}
+		req, _ = http.NewRequest(http.MethodDelete, s.URL+"/v1/sandboxes/"+sb.ID+"/files?path=/nothing-here", nil)
+		req.Header.Set("Authorization", "Bearer "+s.Key)
+		resp, err = c.Do(req)
+		if err != nil {
+			t.Fatalf("round %d: the request after the refused upload: %v", i, err)
+		}
+		resp.Body.Close()
+	}
+}

@@ -176,6 +176,7 @@ func (c *Client) ProxyAgent(w http.ResponseWriter, r *http.Request, id, path str
 			pr.Out.Header.Set("Authorization", "Bearer "+c.token)
 		}
 	}
+	rp.ModifyResponse = closeAfterEarlyError(w, r)
 	fullDuplex(w)
 	rp.ServeHTTP(w, r2)
 }

@@ -136,8 +136,23 @@ func (e *Edge) proxyAgent(w http.ResponseWriter, r *http.Request) {
 			}})
 		},
 	}
+	rp.ModifyResponse = closeAfterEarlyError(w, r)
 	fullDuplex(w)
 	rp.ServeHTTP(w, r)
+}
+
+// closeAfterEarlyError tells the client to close the connection after an
+// error the upstream answered before it read the whole request body (a
+// file over its limit): a full-duplex HTTP/1 server closes a connection
+// whose request body it could not finish, and a client that was not told
+// would send its next request into it.
+func closeAfterEarlyError(w http.ResponseWriter, r *http.Request) func(*http.Response) error {
+	return func(res *http.Response) error {
+		if res.StatusCode >= 400 && r.ContentLength != 0 {
+			w.Header().Set("Connection", "close")
+		}
+		return nil
+	}
 }
 
 // fullDuplex lets a proxying handler go on reading the request body after
