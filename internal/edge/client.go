@@ -176,9 +176,7 @@ func (c *Client) ProxyAgent(w http.ResponseWriter, r *http.Request, id, path str
 			pr.Out.Header.Set("Authorization", "Bearer "+c.token)
 		}
 	}
-	rp.ModifyResponse = closeAfterEarlyError(w, r)
-	fullDuplex(w)
-	rp.ServeHTTP(w, r2)
+	serveDuplex(&rp, w, r2)
 }
 
 // Exec runs a command in a sandbox and waits for its result.

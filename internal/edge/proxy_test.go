@@ -37,6 +37,7 @@ func TestProxyAnswersBeforeTheBodyEnds(t *testing.T) {
 				rc.Flush()
 			}
 		}
+		io.Copy(io.Discard, r.Body) // as an HTTP server finishing the request would
 	}))
 	defer agent.Close()
 	c, err := edge.NewClient(agent.URL, "")
