@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"syscall"
 	"testing"
 	"time"
@@ -73,11 +74,25 @@ func StartS3(t testing.TB) S3 {
 			t.Fatal(err)
 		}
 		cmd.Stdout, cmd.Stderr = logf, logf
-		if err := cmd.Start(); err != nil {
+		started, done := make(chan error, 1), make(chan struct{})
+		go func() {
+			// The parent-death signal follows the thread that started the
+			// child, not the process: that thread must live until the
+			// child is reaped. (An unlocked one may be the next that a
+			// goroutine locks and lets die, e.g. idmap's mount helper,
+			// which killed the server mid-test.)
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			err := cmd.Start()
+			started <- err
+			if err == nil {
+				cmd.Wait()
+			}
+			close(done)
+		}()
+		if err := <-started; err != nil {
 			t.Fatal(err)
 		}
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
 		if waitHTTP(s.Endpoint, done, 15*time.Second) {
 			t.Cleanup(func() {
 				syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)

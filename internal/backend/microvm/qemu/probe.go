@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 )
@@ -59,7 +60,18 @@ func probeBoot(ctx context.Context, bin, kernel string) (bool, string) {
 		"-serial", "file:"+log)
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
-	out, err := cmd.CombinedOutput()
+	var out []byte
+	ran := make(chan struct{})
+	go func() {
+		// The parent-death signal follows the thread that started QEMU:
+		// keep that thread until QEMU is reaped, or a goroutine that
+		// locks it and exits (idmap's mount helper) kills the probe.
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		out, err = cmd.CombinedOutput()
+		close(ran)
+	}()
+	<-ran
 	console, _ := os.ReadFile(log)
 	switch {
 	case ctx.Err() != nil:
