@@ -204,10 +204,7 @@ func StopDaemon(ctx context.Context, dir string) (stopped bool, err error) {
 	if !alive(MountDir(dir)) {
 		return true, nil
 	}
-	c := http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", socketPath(dir))
-	}}}
+	c := daemonClient(dir)
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://blobfs/v1/stop", nil)
 	resp, err := c.Do(req)
 	if err != nil {
@@ -249,11 +246,16 @@ func DaemonStats(ctx context.Context, dir string) (Stats, error) {
 	return s, nil
 }
 
-func daemonGet(ctx context.Context, dir, path string, out any) error {
-	c := http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+// daemonClient talks to the control socket of the blobfs serving dir.
+func daemonClient(dir string) *http.Client {
+	return &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", socketPath(dir))
 	}}}
+}
+
+func daemonGet(ctx context.Context, dir, path string, out any) error {
+	c := daemonClient(dir)
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://blobfs"+path, nil)
 	resp, err := c.Do(req)
 	if err != nil {

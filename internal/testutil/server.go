@@ -193,15 +193,24 @@ func (s *Server) Kill() {
 // it. Its sandboxes keep running.
 func (s *Server) Stop() {
 	s.t.Helper()
+	if !s.terminate(30 * time.Second) {
+		s.t.Errorf("server did not stop within 30s of SIGTERM")
+	}
+	s.logs.Close()
+}
+
+// terminate sends SIGTERM and waits for the server, killing it after
+// timeout; it reports whether the server stopped by itself.
+func (s *Server) terminate(timeout time.Duration) bool {
 	s.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-s.done:
-	case <-time.After(30 * time.Second):
-		s.t.Errorf("server did not stop within 30s of SIGTERM")
+		return true
+	case <-time.After(timeout):
 		s.cmd.Process.Signal(syscall.SIGKILL)
 		<-s.done
+		return false
 	}
-	s.logs.Close()
 }
 
 // Restart starts the server again on the same data dir (after Kill or Stop).
@@ -232,13 +241,7 @@ func (s *Server) cleanup() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		s.destroyAll(ctx)
-		s.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-s.done:
-		case <-time.After(10 * time.Second):
-			s.cmd.Process.Signal(syscall.SIGKILL)
-			<-s.done
-		}
+		s.terminate(10 * time.Second)
 	}
 	s.logs.Close()
 	runcRoot := filepath.Join(s.DataDir, "edge", "container", "runc")
