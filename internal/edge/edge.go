@@ -15,6 +15,7 @@ import (
 	"net"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -260,18 +261,8 @@ func (e *Edge) List() []Status {
 	for id, sb := range e.sandboxes {
 		out = append(out, Status{ID: id, Backend: sb.spec.Backend, State: api.StateRunning})
 	}
-	slices.SortFunc(out, func(a, b Status) int { return cmpString(a.ID, b.ID) })
+	slices.SortFunc(out, func(a, b Status) int { return strings.Compare(a.ID, b.ID) })
 	return out
-}
-
-func cmpString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // Destroy removes a sandbox. Destroying an unknown sandbox succeeds.
