@@ -32,14 +32,6 @@ type Layers interface {
 	Fetch(ctx context.Context, digest string) (backend.Layer, error)
 }
 
-// Packer turns a sandbox's changes into a layer in the shared store.
-type Packer interface {
-	// Pack builds a layer of dirs (overlay layer directories, top first:
-	// one is packed as it is, several are squashed into one) and returns
-	// its digest and size.
-	Pack(ctx context.Context, dirs []string) (SnapshotResult, error)
-}
-
 // SnapshotResult is the layer a snapshot made.
 type SnapshotResult struct {
 	Digest string `json:"digest"`
@@ -59,8 +51,9 @@ type Config struct {
 	NodeID   string
 	Backends []backend.Backend
 	Layers   Layers
-	// Packer stores snapshots; nil means this node takes none.
-	Packer Packer
+	// Packer stores snapshots in the shared store (usually Layers
+	// itself); nil means this node takes none.
+	Packer *StoreLayers
 	// Capacity is what this node offers; zero fields are measured.
 	Capacity api.Resources
 	// Load measures the node's load for heartbeats; by default /proc and
