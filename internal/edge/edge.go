@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"maps"
 	"net"
+	"os"
 	"runtime"
 	"slices"
 	"sync"
@@ -39,10 +40,21 @@ type Packer interface {
 	Pack(ctx context.Context, dirs []string) (SnapshotResult, error)
 }
 
+// Copier is a Packer that can copy a sandbox's changes aside, so that
+// the sandbox is frozen for the copy only and the pack runs after the
+// thaw.
+type Copier interface {
+	// CopyAside copies dirs (as Pack takes them) into a new scratch
+	// directory, squashed into one, and returns it; the caller removes it.
+	CopyAside(ctx context.Context, dirs []string) (string, error)
+}
+
 // SnapshotResult is the layer a snapshot made.
 type SnapshotResult struct {
 	Digest string `json:"digest"`
 	Size   int64  `json:"size"`
+	// FrozenMs is how long the sandbox was frozen.
+	FrozenMs int64 `json:"frozen_ms,omitempty"`
 }
 
 // SnapshotRequest is the body of the edge's POST /v1/sandboxes/{id}/snapshot.
@@ -50,6 +62,10 @@ type SnapshotRequest struct {
 	// Merge is how many of the sandbox's top layers to flatten into the
 	// snapshot with its changes (0: the changes alone).
 	Merge int `json:"merge"`
+	// Aside copies the changes aside while the sandbox is frozen and packs
+	// the copy after the thaw (a fork: the sandbox goes on at once), when
+	// the node's Packer is a Copier.
+	Aside bool `json:"aside,omitempty"`
 }
 
 // Config configures an edge.
@@ -303,23 +319,42 @@ func (e *Edge) Reset(ctx context.Context, id string) error {
 }
 
 // Snapshot packs a sandbox's changes (and its top req.Merge layers) into
-// a new layer. The sandbox is frozen meanwhile and runs on afterwards.
+// a new layer. The sandbox is frozen meanwhile and runs on afterwards;
+// with req.Aside it is frozen only while its changes are copied aside.
 func (e *Edge) Snapshot(ctx context.Context, id string, req SnapshotRequest) (SnapshotResult, error) {
 	if e.cfg.Packer == nil {
 		return SnapshotResult{}, fmt.Errorf("node %s takes no snapshots: %w", e.cfg.NodeID, errdefs.ErrFailedPrecondition)
 	}
+	copier, aside := e.cfg.Packer.(Copier)
+	aside = aside && req.Aside
 	var res SnapshotResult
+	var copied string
+	var frozen time.Duration
 	err := e.lifecycle(ctx, id, func(sb *sandbox) error {
+		start := time.Now()
+		defer func() { frozen = time.Since(start) }()
 		return sb.backend.Snapshot(ctx, id, req.Merge, func(ctx context.Context, dirs []string) error {
 			var err error
+			if aside {
+				copied, err = copier.CopyAside(ctx, dirs)
+				return err
+			}
 			res, err = e.cfg.Packer.Pack(ctx, dirs)
 			return err
 		})
 	})
+	if copied != "" {
+		defer os.RemoveAll(copied)
+	}
+	if err == nil && copied != "" {
+		res, err = e.cfg.Packer.Pack(ctx, []string{copied})
+	}
 	if err != nil {
 		return SnapshotResult{}, err
 	}
-	e.log.Info("snapshot", "sandbox", id, "layer", res.Digest, "size", res.Size, "merged", req.Merge)
+	res.FrozenMs = frozen.Milliseconds()
+	e.log.Info("snapshot", "sandbox", id, "layer", res.Digest, "size", res.Size, "merged", req.Merge,
+		"frozen", frozen, "aside", aside)
 	return res, nil
 }
 

@@ -170,6 +170,7 @@ func TestOpenAPISchemas(t *testing.T) {
 		"ExecEvent": api.ExecEvent{}, "Process": api.Process{}, "ProcessList": api.ProcessList{},
 		"FileInfo": api.FileInfo{}, "FileList": api.FileList{}, "FileWritten": api.FileWritten{},
 		"Layer": api.Layer{}, "SnapshotRequest": api.SnapshotRequest{}, "LayerList": api.LayerList{},
+		"ForkRequest": api.ForkRequest{}, "ForkResult": api.ForkResult{},
 		"Tenant": api.Tenant{}, "Quota": api.Quota{}, "Usage": api.Usage{}, "TenantList": api.TenantList{},
 		"CreateTenantRequest": api.CreateTenantRequest{}, "APIKey": api.APIKey{}, "APIKeyList": api.KeyList{},
 		"CreateKeyRequest": api.CreateKeyRequest{}, "Node": api.Node{}, "NodeLoad": api.NodeLoad{},

@@ -264,6 +264,7 @@ func (s *Server) Handler() http.Handler {
 	authed("/v1/sandboxes/{id}/processes/{rest...}", s.processes)
 	authed("POST /v1/sandboxes/{id}/reset", s.resetSandbox)
 	authed("POST /v1/sandboxes/{id}/snapshot", s.snapshotSandbox)
+	authed("POST /v1/sandboxes/{id}/fork", s.forkSandbox)
 	authed("POST /v1/sandboxes/{id}/pause", s.pauseSandbox)
 	authed("POST /v1/sandboxes/{id}/resume", s.resumeSandbox)
 	authed("POST /v1/sandboxes/{id}/renew", s.renewSandbox)
