@@ -280,6 +280,21 @@ def restore(tid: str, step: Optional[int], ttl_seconds: Optional[int], timeout: 
     return jreq("POST", "/v1/trajectories:restore", body, timeout=timeout or CREATE_TIMEOUT)
 
 
+def fork(sid: str, count: int, labels: Optional[Mapping[str, str]], trajectory: Optional[str],
+         trajectory_ids: Optional[Sequence[str]], ttl_seconds: Optional[int], timeout: Optional[float]) -> Req:
+    # Not retried: a fork that reached the server made sandboxes.
+    body: Dict[str, Any] = {"count": int(count)}
+    if labels:
+        body["labels"] = dict(labels)
+    if trajectory:
+        body["trajectory"] = {"id": trajectory}
+        if trajectory_ids:
+            body["trajectory"]["ids"] = list(trajectory_ids)
+    if ttl_seconds:
+        body["ttl_seconds"] = int(ttl_seconds)
+    return jreq("POST", sb_path(sid, "fork"), body, timeout=timeout or 600.0)
+
+
 def node_path(node_id: str, op: str = "") -> str:
     return "/v1/nodes/" + quote(node_id, safe="") + ("/" + op if op else "")
 

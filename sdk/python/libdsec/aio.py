@@ -196,6 +196,8 @@ class AsyncSandbox:
         self.info = info
         #: the checkpoint it was restored from (restore_trajectory), else None
         self.checkpoint: Optional[Dict[str, Any]] = None
+        #: the copy's trajectory id when it came from a fork with a trajectory
+        self.trajectory: Optional[str] = None
 
     @property
     def id(self) -> str:
@@ -277,6 +279,17 @@ class AsyncSandbox:
 
     async def resume(self) -> "AsyncSandbox":
         return await self._lifecycle("resume")
+
+    async def fork(self, count: int, *, labels: Optional[Mapping[str, str]] = None, trajectory: Optional[str] = None,
+                   trajectory_ids: Optional[Sequence[str]] = None, ttl_seconds: Optional[int] = None,
+                   timeout: Optional[float] = None) -> List["AsyncSandbox"]:
+        """Makes ``count`` copies of this sandbox's state now; see
+        :meth:`libdsec.Sandbox.fork`."""
+        d = await self.client._json(_ops.fork(self.id, count, labels, trajectory, trajectory_ids, ttl_seconds, timeout))
+        out = [AsyncSandbox(self.client, SandboxInfo.from_json(x)) for x in d["sandboxes"]]
+        for sb, tr in zip(out, d.get("trajectories") or []):
+            sb.trajectory = tr["id"]
+        return out
 
     async def snapshot(self) -> str:
         d = await self.client._json(_ops.jreq("POST", _ops.sb_path(self.id, "snapshot"), None, timeout=600.0))

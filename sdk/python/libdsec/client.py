@@ -283,6 +283,8 @@ class Sandbox:
         self.info = info
         #: the checkpoint it was restored from (restore_trajectory), else None
         self.checkpoint: Optional[Dict[str, Any]] = None
+        #: the copy's trajectory id when it came from a fork with a trajectory
+        self.trajectory: Optional[str] = None
 
     @property
     def id(self) -> str:
@@ -396,6 +398,22 @@ class Sandbox:
     def resume(self) -> "Sandbox":
         """Thaws a paused sandbox."""
         return self._lifecycle("resume")
+
+    def fork(self, count: int, *, labels: Optional[Mapping[str, str]] = None, trajectory: Optional[str] = None,
+             trajectory_ids: Optional[Sequence[str]] = None, ttl_seconds: Optional[int] = None,
+             timeout: Optional[float] = None) -> List["Sandbox"]:
+        """Makes ``count`` copies (1 to 256) of this sandbox's state now and
+        returns them; this sandbox goes on (it is frozen only while its
+        changes are copied). Each copy holds the filesystem as it was at the
+        call; a container's processes are not carried. ``trajectory`` forks
+        that trajectory log along: each copy's ``trajectory`` attribute is
+        its own trajectory id (``trajectory_ids`` names them), where the
+        parent's steps replay. All or nothing."""
+        d = self.client._json(_ops.fork(self.id, count, labels, trajectory, trajectory_ids, ttl_seconds, timeout))
+        out = [Sandbox(self.client, SandboxInfo.from_json(x)) for x in d["sandboxes"]]
+        for sb, tr in zip(out, d.get("trajectories") or []):
+            sb.trajectory = tr["id"]
+        return out
 
     def snapshot(self) -> str:
         """pack_diff: saves the sandbox's changes as a layer; returns a ref to

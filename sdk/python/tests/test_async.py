@@ -44,6 +44,15 @@ class AsyncTest(unittest.IsolatedAsyncioTestCase):
         with self.assertRaises(libdsec.NotFoundError):
             await sb.exec("true")
 
+    async def test_fork(self):
+        async with await self.client.create(base=BASE, resources=SMALL) as sb:
+            await sb.write_file("/f", "x")
+            (c,) = await sb.fork(1)
+            try:
+                self.assertEqual(await c.read_text("/f"), "x")
+            finally:
+                await c.close()
+
     async def test_renew_and_keepalive(self):
         async with await self.client.create(base=BASE, resources=SMALL, ttl_seconds=60) as sb:
             self.assertIsNotNone(sb._keepalive)  # async with renews while it runs

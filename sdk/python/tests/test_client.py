@@ -185,6 +185,24 @@ class LifecycleTest(unittest.TestCase):
         except libdsec.InvalidArgumentError as e:
             self.assertIn("phase", e.message)
 
+    def test_fork(self):
+        with self.client.create(base=BASE, resources=SMALL) as sb:
+            sb.exec("echo s1 > /f", trajectory=("traj-fork-py", 1), check=True)
+            copies = sb.fork(2, labels={"py": "fork"}, trajectory="traj-fork-py")
+            try:
+                self.assertEqual(len(copies), 2)
+                for i, c in enumerate(copies):
+                    self.assertEqual(c.info.labels.get("dsec.fork-of"), sb.id)
+                    self.assertEqual(c.read_text("/f"), "s1\n")
+                    self.assertTrue(c.exec("echo s1 > /f", trajectory=(c.trajectory, 1)).replayed)
+                    c.write_file("/mine", str(i))
+                self.assertEqual([c.read_text("/mine") for c in copies], ["0", "1"])
+                with self.assertRaises(libdsec.InvalidArgumentError):
+                    sb.fork(0)
+            finally:
+                for c in copies:
+                    c.close()
+
     def test_trajectory_checkpoint_and_restore(self):
         tid = "py-ckpt/%d" % os.getpid()
         sb = self.client.create(base=BASE, resources=SMALL)
