@@ -171,6 +171,8 @@ func TestOpenAPISchemas(t *testing.T) {
 		"FileInfo": api.FileInfo{}, "FileList": api.FileList{}, "FileWritten": api.FileWritten{},
 		"Layer": api.Layer{}, "SnapshotRequest": api.SnapshotRequest{}, "LayerList": api.LayerList{},
 		"ForkRequest": api.ForkRequest{}, "ForkResult": api.ForkResult{},
+		"LayerConfig": api.LayerConfig{}, "BuildEvent": api.BuildEvent{}, "BuildStep": api.BuildStep{},
+		"BuildOutput": api.BuildOutput{}, "BuildResult": api.BuildResult{}, "BuildError": api.BuildError{},
 		"Tenant": api.Tenant{}, "Quota": api.Quota{}, "Usage": api.Usage{}, "TenantList": api.TenantList{},
 		"CreateTenantRequest": api.CreateTenantRequest{}, "APIKey": api.APIKey{}, "APIKeyList": api.KeyList{},
 		"CreateKeyRequest": api.CreateKeyRequest{}, "Node": api.Node{}, "NodeLoad": api.NodeLoad{},

@@ -111,6 +111,8 @@ type Server struct {
 	acts  *activity
 	steps *steps
 	gates *gates
+	// configs caches the configs of built layers (see buildresult.go).
+	configs configCache
 
 	// layerMu is held shared by layer writes and exclusively by the
 	// removal of layers (see layergc.go).
@@ -281,6 +283,7 @@ func (s *Server) Handler() http.Handler {
 	authed("POST /v1/layers", s.createLayer)
 	authed("GET /v1/layers", s.listLayers)
 	authed("GET /v1/layers/{ref...}", s.getLayer)
+	authed("POST /v1/layers:build", s.buildLayer)
 
 	admin("POST /v1/tenants", s.createTenant)
 	admin("GET /v1/tenants", s.listTenants)

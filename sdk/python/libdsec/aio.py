@@ -86,6 +86,21 @@ class AsyncClient(AsyncAdminCalls):
         sb.checkpoint = d.get("checkpoint")
         return sb
 
+    async def build_layer(self, dockerfile: str, name: str, *, context: Optional[str] = None, flatten: bool = False,
+                          kind: Optional[str] = None, network: Optional[str] = None,
+                          args: Optional[Mapping[str, str]] = None, on_event: Any = None,
+                          timeout: Optional[float] = None) -> Dict[str, Any]:
+        """Builds a layer from a Dockerfile; see :meth:`libdsec.Client.build_layer`."""
+        resp = await self._send(_ops.build(_ops.build_context(dockerfile, context), name, flatten, kind, network, args))
+        try:
+            async for line in resp.iter_lines(timeout or 1800.0):
+                res = _ops.build_event(json.loads(line), on_event)
+                if res is not None:
+                    return res
+        finally:
+            resp.close()
+        raise DsecError("the build stream ended without a result")
+
     async def create_batch(self, count: int, *, progress: ProgressArg = None, timeout: Optional[float] = None,
                            **spec: Any) -> "AsyncBatchResult":
         """Creates ``count`` sandboxes in one call; see :meth:`libdsec.Client.create_batch`."""

@@ -236,6 +236,23 @@ class Client(AdminCalls):
 
     # -- layers, profiles (admin calls: _admin.AdminCalls) -----------------------------------
 
+    def build_layer(self, dockerfile: str, name: str, *, context: Optional[str] = None, flatten: bool = False,
+                    kind: Optional[str] = None, network: Optional[str] = None,
+                    args: Optional[Mapping[str, str]] = None, on_event: Optional[Callable[[Dict[str, Any]], None]] = None,
+                    timeout: Optional[float] = None) -> Dict[str, Any]:
+        """Builds a layer ``name`` from a Dockerfile (the context is its
+        directory unless ``context`` is given). ``on_event`` gets every event
+        (steps, RUN output). Returns the result: ``layer``, ``config``,
+        ``steps``, ``cached_steps``. A failed build raises the error of its
+        code with ``line`` and ``output`` attributes."""
+        resp = self._send(_ops.build(_ops.build_context(dockerfile, context), name, flatten, kind, network, args))
+        with resp:
+            for line in resp.iter_lines(timeout=timeout or 1800.0):
+                res = _ops.build_event(json.loads(line), on_event)
+                if res is not None:
+                    return res
+        raise DsecError("the build stream ended without a result")
+
     def layers(self) -> List[Layer]:
         """The tenant's layers and the public ones."""
         return [Layer.from_json(d) for d in self._json(_ops.jreq("GET", "/v1/layers"))["layers"]]

@@ -53,6 +53,16 @@ class AsyncTest(unittest.IsolatedAsyncioTestCase):
             finally:
                 await c.close()
 
+    async def test_build_layer_refuses_a_bad_dockerfile(self):
+        import tempfile
+        with tempfile.TemporaryDirectory() as d:
+            df = os.path.join(d, "Dockerfile")
+            with open(df, "w") as f:
+                f.write("FROM base:minimal\nCOPY ../x /x\n")
+            with self.assertRaises(libdsec.InvalidArgumentError) as cm:
+                await self.client.build_layer(df, "py-bad:1")
+            self.assertIn("outside the build context", str(cm.exception))
+
     async def test_renew_and_keepalive(self):
         async with await self.client.create(base=BASE, resources=SMALL, ttl_seconds=60) as sb:
             self.assertIsNotNone(sb._keepalive)  # async with renews while it runs

@@ -203,6 +203,31 @@ class LifecycleTest(unittest.TestCase):
                 for c in copies:
                     c.close()
 
+    def test_build_layer(self):
+        import tempfile
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "msg"), "w") as f:
+                f.write("ctx\n")
+            df = os.path.join(d, "Dockerfile")
+            with open(df, "w") as f:
+                f.write("FROM base:minimal\nENV PY_BUILD=1\nWORKDIR /w\nCOPY msg ./\nRUN cat msg > copied\n")
+            events = []
+            res = self.client.build_layer(df, "py-built:1", on_event=events.append)
+            self.assertEqual((res["steps"], res["layer"]["kind"]), (4, "snapshot"))
+            self.assertTrue(any("step" in e for e in events))
+            with self.client.create(snapshot="py-built:1", resources=SMALL) as sb:
+                self.assertEqual(sb.exec("pwd; echo $PY_BUILD; cat copied", check=True).stdout, "/w\n1\nctx\n")
+            with open(df, "w") as f:
+                f.write("FROM base:minimal\nRUN echo no; exit 4\n")
+            with self.assertRaises(libdsec.ApiError) as cm:
+                self.client.build_layer(df, "py-built:2")
+            self.assertEqual(cm.exception.line, 2)
+            self.assertIn("no", cm.exception.output)
+            with open(df, "w") as f:
+                f.write("FROM base:minimal\nFROB x\n")
+            with self.assertRaises(libdsec.InvalidArgumentError):
+                self.client.build_layer(df, "py-built:3")
+
     def test_trajectory_checkpoint_and_restore(self):
         tid = "py-ckpt/%d" % os.getpid()
         sb = self.client.create(base=BASE, resources=SMALL)
