@@ -22,8 +22,8 @@ import (
 // the copies are a batch created from that snapshot, so they share the
 // parent's layers and the fork layer's chunks: nothing is copied K times.
 // Only the filesystem is carried: a container's processes and memory are
-// not (that would need CRIU, which does not work on our kernels), and a
-// microVM's copy boots afresh on the copied disk.
+// not (that would need CRIU, which does not work on our kernels). VMs are
+// refused until their fork carries memory.
 //
 // A fork is all or nothing: if any copy fails, the others are destroyed
 // and the fork layer removed, and the error is the first copy's.
@@ -69,6 +69,12 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) error {
 	}
 	if err := poolGuard(parent); err != nil {
 		return err
+	}
+	if b := parent.API.Backend; b != api.BackendContainer && b != api.BackendFnCall {
+		// A VM's fork must carry its memory; until it does, refuse rather
+		// than hand back copies that rebooted.
+		return fmt.Errorf("sandbox %s is a %s: fork takes containers (snapshot it and create from the snapshot): %w",
+			parent.API.ID, b, errdefs.ErrFailedPrecondition)
 	}
 	n, err := s.nodes.get(parent.API.Node)
 	if err != nil {
