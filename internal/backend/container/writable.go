@@ -67,15 +67,15 @@ func (b *Backend) mountDisk(ctx context.Context, rec *record) error {
 	return nil
 }
 
-// mountRootfs mounts the sandbox's overlay at rootfs over the writable
-// layer mounted at upperRoot, every layer idmapped to the sandbox's id
-// range.
-func (b *Backend) mountRootfs(rec *record, upperRoot, rootfs string) error {
+// detachedRootfs makes the sandbox's overlay over the writable layer
+// mounted at upperRoot, every layer idmapped to the sandbox's id range, as
+// a detached mount: root, valid until release is called.
+func (b *Backend) detachedRootfs(rec *record, upperRoot string) (root int, release func(), err error) {
 	ns, err := b.userns.get(rec.UIDs)
 	if err != nil {
-		return err
+		return -1, nil, err
 	}
-	return idmap.Overlay(rec.UIDs, ns, rec.Lowers, upperRoot, rootfs)
+	return idmap.DetachedOverlay(rec.UIDs, ns, rec.Lowers, upperRoot)
 }
 
 // usernsCache keeps the user namespace that idmaps layers to each id
