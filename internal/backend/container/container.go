@@ -82,6 +82,9 @@ type Backend struct {
 	mu        sync.Mutex
 	sandboxes map[string]*record
 	uids      map[uint32]string // id range base → sandbox holding it
+	// lowestFreeUIDs is the index of the lowest id range that may be
+	// free: every range below it is in use.
+	lowestFreeUIDs int
 }
 
 // record is what the backend keeps of a sandbox, in memory and in
