@@ -72,11 +72,11 @@ func Create(ctx context.Context, cfg CreateConfig) error {
 	if !cfg.Baseline {
 		return nil
 	}
-	bseq, bwall, err := runcBaseline(ctx, cfg, cfg.Sequential, 1)
+	bseq, bwall, err := runcBaseline(ctx, cfg.WorkDir, cfg.Runc, cfg.Sequential, 1)
 	if err != nil {
 		return fmt.Errorf("runc baseline: %w", err)
 	}
-	bpar, bpwall, err := runcBaseline(ctx, cfg, cfg.Parallel, cfg.Concurrency)
+	bpar, bpwall, err := runcBaseline(ctx, cfg.WorkDir, cfg.Runc, cfg.Parallel, cfg.Concurrency)
 	if err != nil {
 		return fmt.Errorf("runc baseline: %w", err)
 	}
@@ -176,8 +176,8 @@ func warmExecs(ctx context.Context, cfg CreateConfig) (stats, error) {
 // runcBaseline runs `runc run` of `true` n times, conc at a time, each on
 // a fresh overlay over the same busybox EROFS layer dsec's base:minimal is
 // made from. Only the `runc run` is timed.
-func runcBaseline(ctx context.Context, cfg CreateConfig, n, conc int) (stats, time.Duration, error) {
-	dir, err := os.MkdirTemp(cfg.WorkDir, "runc-baseline-")
+func runcBaseline(ctx context.Context, workDir, runc string, n, conc int) (stats, time.Duration, error) {
+	dir, err := os.MkdirTemp(workDir, "runc-baseline-")
 	if err != nil {
 		return stats{}, 0, err
 	}
@@ -211,7 +211,7 @@ func runcBaseline(ctx context.Context, cfg CreateConfig, n, conc int) (stats, ti
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			d, err := runcOnce(ctx, cfg.Runc, filepath.Join(dir, fmt.Sprint(i)), lower)
+			d, err := runcOnce(ctx, runc, filepath.Join(dir, fmt.Sprint(i)), lower)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil && firstErr == nil {
