@@ -108,6 +108,15 @@ func TestCPUQuotaIsTheCommands(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Run("after a reset in place", placed)
+
+	if err := b.Destroy(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{cmd, dir} {
+		if _, err := os.Stat(d); !os.IsNotExist(err) {
+			t.Errorf("cgroup %s left after destroy: %v", d, err)
+		}
+	}
 }
 
 func cgroupPaths(t *testing.T, root, id string) map[string]string {

@@ -82,10 +82,15 @@ func thaw(paths map[string]string) {
 }
 
 // removeCgroups removes a stopped container's cgroups, retrying while the
-// last processes of its PID namespace finish exiting.
+// last processes of its PID namespace finish exiting. The commands' cpu
+// cgroup (cmdCgroup) goes first: a cgroup with a child cannot be removed.
 func removeCgroups(paths map[string]string) error {
 	deadline := time.Now().Add(5 * time.Second)
+	var dirs []string
 	for _, dir := range paths {
+		dirs = append(dirs, filepath.Join(dir, cmdCgroup), dir)
+	}
+	for _, dir := range dirs {
 		for {
 			err := unix.Rmdir(dir)
 			if err == nil || errors.Is(err, unix.ENOENT) {
