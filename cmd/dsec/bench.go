@@ -16,7 +16,7 @@ import (
 
 func benchCmd(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return errors.New("usage: dsec bench create|fork|reset|seccomp|fncall|batch|trajectory|image|microvm|cluster|soak [flags]")
+		return errors.New("usage: dsec bench create|density|fork|reset|seccomp|fncall|batch|trajectory|image|microvm|cluster|soak [flags]")
 	}
 	sub, args := args[0], args[1:]
 	fs := flag.NewFlagSet("dsec bench "+sub, flag.ContinueOnError)
@@ -50,6 +50,31 @@ func benchCmd(ctx context.Context, args []string) error {
 		}
 		cfg.Client = newClient()
 		return bench.Fork(ctx, cfg)
+	case "density":
+		cfg := bench.DensityConfig{Out: os.Stdout}
+		fs.StringVar(&cfg.Base, "base", "base:minimal", "base layer")
+		fs.IntVar(&cfg.Step, "step", 250, "sandboxes added per step (one batch create)")
+		fs.IntVar(&cfg.Max, "max", 0, "live sandboxes to stop at (default: until the nodes' memory or CPU limit is allocated)")
+		fs.Float64Var(&cfg.CPU, "cpu", 0.05, "cpu of each sandbox")
+		fs.Int64Var(&cfg.MemoryMB, "memory", 16, "memory_mb of each sandbox")
+		fs.IntVar(&cfg.Singles, "singles", 5, "create→first exec→destroy cycles timed per step")
+		fs.IntVar(&cfg.Execs, "execs", 50, "warm execs on random live sandboxes timed per step")
+		fs.IntVar(&cfg.BaselineN, "baseline-n", 10, "bare `runc run`s timed at the first and the last step (0: none)")
+		fs.StringVar(&cfg.WorkDir, "workdir", os.TempDir(), "scratch directory for the baseline")
+		fs.StringVar(&cfg.Runc, "runc", "runc", "runc binary for the baseline")
+		fs.StringVar(&cfg.DataDir, "data", "", "the node's edge data directory, checked for leftovers (default: found from the edge's command line)")
+		if _, _, err := parseArgs(fs, args); err != nil {
+			return err
+		}
+		if cfg.Step <= 0 || cfg.CPU <= 0 || cfg.MemoryMB <= 0 {
+			return errors.New("dsec bench density: --step, --cpu and --memory must be positive")
+		}
+		if os.Geteuid() != 0 {
+			return errors.New("dsec bench density reads the node's /proc and runs runc: run it as root on the server's machine")
+		}
+		cfg.URL = fs.Lookup("url").Value.String()
+		cfg.Client = newClient()
+		return bench.Density(ctx, cfg)
 	case "reset":
 		cfg := bench.ResetConfig{Out: os.Stdout}
 		fs.StringVar(&cfg.Base, "base", "base:minimal", "base layer")

@@ -412,7 +412,7 @@ func (b *Backend) start(ctx context.Context, rec *record) (err error) {
 		b.runc.delete(context.WithoutCancel(ctx), id)
 		return err
 	}
-	if err := b.runc.setCPUQuota(id, rec.Spec.Resources.CPU); err != nil {
+	if err := b.limitCPU(ctx, rec); err != nil {
 		b.runc.delete(context.WithoutCancel(ctx), id)
 		return fmt.Errorf("start sandbox %s: cpu quota: %w", id, err)
 	}

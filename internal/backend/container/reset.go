@@ -124,6 +124,11 @@ func (b *Backend) resetInPlace(ctx context.Context, rec *record) (err error) {
 	if err := b.waitAgent(ctx, id, res.Instance); err != nil {
 		return err
 	}
+	// The new agent forks its commands from a thread of its own: it needs
+	// the commands' cpu cgroup again.
+	if err := b.limitCPU(ctx, rec); err != nil {
+		return fmt.Errorf("cpu quota after reset: %w", err)
+	}
 	// Allowlisted names resolve again, as after a restart.
 	if rec.Spec.NeedsNetwork && rec.CgroupID != 0 {
 		if err := b.applyNetwork(ctx, rec, rec.Spec.Network); err != nil {
