@@ -19,9 +19,10 @@ SUITE=${SUITE:-bookworm}
 INCLUDE=${INCLUDE:-python3,python3-pytest,g++,golang-go,nodejs}
 HOST_PACKAGES=${HOST_PACKAGES:-bash coreutils python3 g++}
 # With --from-host: packages and files left out, needed by none of the
-# toolchains at run time (perl comes in through dpkg; LTO and sanitizers).
+# toolchains at run time (perl comes in through dpkg; LTO, sanitizers, gcc
+# plugins, the C-only cc1 and Python's own tests).
 HOST_EXCLUDE=${HOST_EXCLUDE:-'^(perl|perl-base|perl-modules-.*|libperl.*|dpkg|lib(a|t|l|ub|hwa)san[0-9]+)$'}
-HOST_EXCLUDE_FILES=${HOST_EXCLUDE_FILES:-'/(lto1|lto-dump[^/]*)$|^/usr/share/(doc|man|info|locale|lintian)/'}
+HOST_EXCLUDE_FILES=${HOST_EXCLUDE_FILES:-'/(lto1|lto-dump[^/]*|cc1|lib(a|t|l|ub|hwa)san[^/]*)$|/gcc/x86_64-linux-gnu/[0-9]+/plugin/|^/usr/lib/python3[^/]*/(test|idlelib|tkinter|ensurepip|lib2to3|pydoc_data)/|^/usr/share/(doc|man|info|locale|lintian)/'}
 DSEC=${DSEC:-$(cd "$(dirname "$0")/.." && pwd)/bin/dsec}
 PUBLIC=${PUBLIC---public}
 
