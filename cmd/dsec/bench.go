@@ -12,11 +12,12 @@ import (
 	"time"
 
 	"github.com/dsec-project/dsec/internal/bench"
+	"github.com/dsec-project/dsec/internal/server"
 )
 
 func benchCmd(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return errors.New("usage: dsec bench create|density|fork|reset|seccomp|fncall|batch|trajectory|image|microvm|cluster|soak [flags]")
+		return errors.New("usage: dsec bench create|density|fork|reset|seccomp|fncall|runcode|batch|trajectory|image|microvm|cluster|soak [flags]")
 	}
 	sub, args := args[0], args[1:]
 	fs := flag.NewFlagSet("dsec bench "+sub, flag.ContinueOnError)
@@ -108,6 +109,23 @@ func benchCmd(ctx context.Context, args []string) error {
 		}
 		cfg.Client = newClient()
 		return bench.FnCall(ctx, cfg)
+	case "runcode":
+		cfg := bench.RunCodeConfig{Out: os.Stdout}
+		fs.StringVar(&cfg.Base, "base", server.DefaultFusionBase, "base of the create-per-call baseline (the server's --sandboxfusion-layers base)")
+		fs.StringVar(&cfg.Prefix, "prefix", server.DefaultFusionPrefix, "the server's --sandboxfusion-prefix")
+		fs.IntVar(&cfg.Calls, "n", 200, "/run_code calls")
+		fs.IntVar(&cfg.Baseline, "baseline-n", 40, "create→write→exec→destroy cycles for the baseline")
+		fs.IntVar(&cfg.Concurrency, "concurrency", 8, "calls at a time")
+		fs.Int64Var(&cfg.MemoryMB, "memory", 256, "memory_limit_MB of the calls and memory_mb of the baseline's sandboxes")
+		if _, _, err := parseArgs(fs, args); err != nil {
+			return err
+		}
+		cfg.Client = newClient()
+		cfg.URL, cfg.Key = fs.Lookup("url").Value.String(), fs.Lookup("key").Value.String()
+		if cfg.Key == "" {
+			cfg.Key = localAdminKey()
+		}
+		return bench.RunCode(ctx, cfg)
 	case "batch":
 		cfg := bench.BatchConfig{Out: os.Stdout}
 		fs.StringVar(&cfg.Base, "base", "base:minimal", "base layer")

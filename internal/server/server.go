@@ -93,7 +93,9 @@ type Config struct {
 	// by default (the cluster benchmark reaches its simulated nodes
 	// in-process).
 	NewNodeClient func(addr, token string) (*edge.Client, error)
-	Logger        *slog.Logger
+	// Compat configures the E2B, SandboxFusion and SWE-ReX surfaces.
+	Compat CompatConfig
+	Logger *slog.Logger
 }
 
 // Server is the control plane.
@@ -299,6 +301,8 @@ func (s *Server) Handler() http.Handler {
 
 	// Nodes authenticate with the cluster token, not an API key.
 	mux.Handle("POST /v1/cluster/heartbeat", s.instrument("POST /v1/cluster/heartbeat", s.heartbeat))
+
+	s.compatRoutes(mux)
 
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteJSON(w, http.StatusOK, map[string]any{"ok": true, "nodes": s.nodes.count()})
