@@ -111,6 +111,11 @@ type CreateSandboxRequest struct {
 	// the "burst" pool), which the scheduler uses only while the rest of
 	// the cluster is above its utilisation threshold.
 	Burst bool `json:"burst,omitempty"`
+
+	// AdmissionTimeoutSeconds bounds how long the create waits in the
+	// admission queue when the nodes with room for it are busy (see
+	// Admission); 0 means DefaultAdmissionTimeout, -1 not to wait.
+	AdmissionTimeoutSeconds int64 `json:"admission_timeout_seconds,omitempty"`
 }
 
 // Sandbox is a sandbox as the API shows it.
@@ -372,6 +377,9 @@ type Node struct {
 	Pool         string    `json:"pool,omitempty"`
 	CachedLayers int       `json:"cached_layers"`
 	LastSeen     time.Time `json:"last_seen"`
+	// Busy says its sandboxes' measured CPU is at the scheduler's
+	// threshold: it takes no new sandbox until they calm down.
+	Busy bool `json:"busy,omitempty"`
 }
 
 // NodeLoad is what a node measures of its own use.
@@ -385,6 +393,8 @@ type NodeLoad struct {
 // NodeList is the body of GET /v1/nodes.
 type NodeList struct {
 	Nodes []Node `json:"nodes"`
+	// Admission is the answering replica's admission queue.
+	Admission *Admission `json:"admission,omitempty"`
 }
 
 // StdoutBytes returns the stdout bytes, decoding base64 if needed.

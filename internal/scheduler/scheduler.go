@@ -9,6 +9,7 @@
 package scheduler
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -129,9 +130,20 @@ func PlaceBatch(nodes []NodeState, req Request, count int, cfg Config) ([]string
 	return newPlacer(ns, req, count, cfg).run(count)
 }
 
+// ErrBusy marks a refusal due only to measured CPU load: some node has
+// the room the request asks for, but its sandboxes keep MaxCPULoad of its
+// cores busy. Waiting cures it (the control plane queues such creates);
+// errors that carry it are also ErrResourceExhausted.
+var ErrBusy = errors.New("busy")
+
 func noRoom(req Request) error {
 	return fmt.Errorf("no node has room for a %s sandbox with %g cpu and %d MB: %w",
 		req.Backend, req.Resources.CPU, req.Resources.MemoryMB, errdefs.ErrResourceExhausted)
+}
+
+func busyNodes(req Request, cfg Config) error {
+	return fmt.Errorf("every node with room for a %s sandbox with %g cpu and %d MB is %w: its sandboxes keep %g%% or more of its cores busy: %w",
+		req.Backend, req.Resources.CPU, req.Resources.MemoryMB, ErrBusy, 100*cfg.MaxCPULoad, errdefs.ErrResourceExhausted)
 }
 
 // placer picks nodes for the sandboxes of one request.
@@ -189,9 +201,20 @@ func (p *placer) run(count int) ([]string, error) {
 		out = append(out, n.ID)
 	}
 	if len(out) == 0 {
-		return nil, noRoom(p.req)
+		return nil, p.noRoom()
 	}
 	return out, nil
+}
+
+// noRoom says why nothing fits: ErrBusy when a node the request may use
+// has room but is busy, so that waiting would help.
+func (p *placer) noRoom() error {
+	for _, n := range p.nodes {
+		if p.eligible(n) && (n.Pool != PoolBurst || p.req.Burst) && fitsAllocation(n, p.req.Resources, p.cfg) {
+			return busyNodes(p.req, p.cfg)
+		}
+	}
+	return noRoom(p.req)
 }
 
 // utilisation is Utilisation over the placer's running totals.
@@ -292,6 +315,11 @@ func busy(n *NodeState) float64 {
 // whole host's use is not compared with capacity: a node may offer less
 // than it has.)
 func fits(n *NodeState, r api.Resources, cfg Config) bool {
+	return fitsAllocation(n, r, cfg) && !busyCPU(n, cfg)
+}
+
+// fitsAllocation is fits without the measured CPU: the hard limits.
+func fitsAllocation(n *NodeState, r api.Resources, cfg Config) bool {
 	c := n.Capacity
 	if n.Allocated.MemoryMB+r.MemoryMB > c.MemoryMB || n.Load.SandboxMemoryMB+r.MemoryMB > c.MemoryMB {
 		return false
@@ -299,10 +327,15 @@ func fits(n *NodeState, r api.Resources, cfg Config) bool {
 	if c.Pids > 0 && n.Allocated.Pids+r.Pids > c.Pids {
 		return false
 	}
-	if c.CPU > 0 && n.Load.SandboxCPU >= c.CPU*cfg.MaxCPULoad {
-		return false
-	}
 	return n.Allocated.CPU+r.CPU <= c.CPU*cfg.CPUOvercommit+1e-9
+}
+
+// Busy reports whether a node's sandboxes measurably keep MaxCPULoad of
+// its cores busy, so that it takes nothing new until they calm down.
+func Busy(n NodeState, cfg Config) bool { return busyCPU(&n, cfg.withDefaults()) }
+
+func busyCPU(n *NodeState, cfg Config) bool {
+	return n.Capacity.CPU > 0 && n.Load.SandboxCPU >= n.Capacity.CPU*cfg.MaxCPULoad
 }
 
 // Utilisation is how full the regular (non-burst) nodes that are up are,

@@ -212,3 +212,45 @@ func TestPlaceBatchSpreads(t *testing.T) {
 		}
 	})
 }
+
+func TestBusyIsTellable(t *testing.T) {
+	c := []string{api.BackendContainer}
+	big := api.Resources{CPU: 2, MemoryMB: 4096}
+	busy := api.NodeLoad{CPU: 2, SandboxCPU: 1.9}
+	for _, tc := range []struct {
+		name     string
+		nodes    []NodeState
+		req      Request
+		wantBusy bool
+	}{
+		{"room but busy", []NodeState{
+			{ID: "a", State: NodeUp, Capacity: big, Load: busy, Backends: c},
+		}, Request{Backend: api.BackendContainer, Resources: api.Resources{CPU: 1, MemoryMB: 512}}, true},
+		{"busy and also out of memory", []NodeState{
+			{ID: "a", State: NodeUp, Capacity: big, Allocated: api.Resources{MemoryMB: 4000}, Load: busy, Backends: c},
+		}, Request{Backend: api.BackendContainer, Resources: api.Resources{CPU: 1, MemoryMB: 512}}, false},
+		{"a busy node plus a full one", []NodeState{
+			{ID: "a", State: NodeUp, Capacity: big, Load: busy, Backends: c},
+			{ID: "b", State: NodeUp, Capacity: big, Allocated: api.Resources{MemoryMB: 4000}, Backends: c},
+		}, Request{Backend: api.BackendContainer, Resources: api.Resources{CPU: 1, MemoryMB: 512}}, true},
+		{"only an excluded node is busy", []NodeState{
+			{ID: "a", State: NodeUp, Capacity: big, Load: busy, Backends: c},
+		}, Request{Backend: api.BackendContainer, Resources: api.Resources{CPU: 1, MemoryMB: 512}, Exclude: []string{"a"}}, false},
+		{"a busy burst node does not count without burst", []NodeState{
+			{ID: "a", State: NodeUp, Pool: PoolBurst, Capacity: big, Load: busy, Backends: c},
+		}, Request{Backend: api.BackendContainer, Resources: api.Resources{CPU: 1, MemoryMB: 512}}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Place(tc.nodes, tc.req, DefaultConfig)
+			if !errors.Is(err, errdefs.ErrResourceExhausted) {
+				t.Fatalf("Place: %v; want ErrResourceExhausted", err)
+			}
+			if got := errors.Is(err, ErrBusy); got != tc.wantBusy {
+				t.Fatalf("Place: %v; busy = %v, want %v", err, got, tc.wantBusy)
+			}
+		})
+	}
+	if !Busy(NodeState{Capacity: big, Load: busy}, Config{}) || Busy(NodeState{Capacity: big, Load: api.NodeLoad{CPU: 2, SandboxCPU: 1}}, Config{}) {
+		t.Fatal("Busy: want true at 95% of the cores in sandboxes, false at 50%")
+	}
+}

@@ -119,6 +119,7 @@ func (s *Server) beat(ctx context.Context, hb edge.Heartbeat, local bool) (edge.
 		}
 	}
 	s.sched.UpdateNode(schedState(n))
+	s.admission.Kick() // its load may have fallen
 	if fresh {
 		s.nodes.put(cur, hb.Backends)
 		s.log.Info("node connected", "node", hb.ID, "addr", hb.Addr, "cpu", hb.Capacity.CPU,
@@ -210,6 +211,7 @@ func (s *Server) syncNodes(ctx context.Context, sweepLost bool) {
 		}
 		s.sched.SetNode(schedState(n))
 	}
+	s.admission.Kick()
 }
 
 // nodeDown acts once on a node that stopped heartbeating.
