@@ -388,6 +388,12 @@ type NodeLoad struct {
 	MemoryMB        int64   `json:"memory_mb"`         // memory in use, whole node
 	SandboxCPU      float64 `json:"sandbox_cpu"`       // cores busy in sandboxes' cgroups
 	SandboxMemoryMB int64   `json:"sandbox_memory_mb"` // memory charged to sandboxes' cgroups
+	// DiskUsedMB is what is used of the filesystem holding the sandboxes'
+	// writable layers (by anything); 0 when the node reports no disk.
+	DiskUsedMB int64 `json:"disk_used_mb,omitempty"`
+	// DiskFull says that filesystem's free space is down to the reserve
+	// the node keeps (5%, at least 1 GiB): it takes no new sandbox.
+	DiskFull bool `json:"disk_full,omitempty"`
 }
 
 // NodeList is the body of GET /v1/nodes.

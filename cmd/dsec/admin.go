@@ -133,7 +133,7 @@ func nodeCmd(ctx context.Context, args []string) error {
 			return printErrorCode(err)
 		}
 		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "ID\tSTATE\tPOOL\tSANDBOXES\tCPU (ALLOC/LIMIT)\tCPU USED\tMEMORY MB (ALLOC/CAP)\tMEMORY USED\tLAST SEEN")
+		fmt.Fprintln(tw, "ID\tSTATE\tPOOL\tSANDBOXES\tCPU (ALLOC/LIMIT)\tCPU USED\tMEMORY MB (ALLOC/CAP)\tMEMORY USED\tDISK MB (ALLOC/LIMIT)\tDISK USED\tLAST SEEN")
 		for _, n := range nl.Nodes {
 			pool := n.Pool
 			if pool == "" {
@@ -143,9 +143,12 @@ func nodeCmd(ctx context.Context, args []string) error {
 			if n.Busy {
 				state += " (busy)"
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%g/%g\t%.2f\t%d/%d\t%d\t%s\n", n.ID, state, pool, n.Sandboxes,
+			if n.Load.DiskFull {
+				state += " (disk full)"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%g/%g\t%.2f\t%d/%d\t%d\t%d/%d\t%d\t%s\n", n.ID, state, pool, n.Sandboxes,
 				n.Allocated.CPU, n.Limit.CPU, n.Load.CPU, n.Allocated.MemoryMB, n.Capacity.MemoryMB, n.Load.MemoryMB,
-				time.Since(n.LastSeen).Round(time.Second))
+				n.Allocated.DiskMB, n.Limit.DiskMB, n.Load.DiskUsedMB, time.Since(n.LastSeen).Round(time.Second))
 		}
 		if err := tw.Flush(); err != nil {
 			return err

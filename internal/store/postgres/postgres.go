@@ -184,6 +184,11 @@ var migrations = []string{
 		dropped BOOLEAN NOT NULL DEFAULT FALSE,
 		PRIMARY KEY (tenant, trajectory, step, attempt)
 	);`,
+	// 6: disk_mb is charged to nodes like memory.
+	`ALTER TABLE sandboxes ADD COLUMN disk_mb BIGINT NOT NULL DEFAULT 0;
+	UPDATE sandboxes SET disk_mb = COALESCE((doc->'API'->'resources'->>'disk_mb')::bigint, 0);
+	ALTER TABLE nodes ADD COLUMN limit_disk_mb BIGINT NOT NULL DEFAULT 0, ADD COLUMN alloc_disk_mb BIGINT NOT NULL DEFAULT 0;
+	UPDATE nodes SET alloc_disk_mb = (SELECT COALESCE(SUM(disk_mb), 0) FROM sandboxes s WHERE s.node = nodes.id AND s.charged = 1);`,
 }
 
 // migrationLock is the advisory lock key that serializes replicas

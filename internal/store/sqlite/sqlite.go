@@ -223,6 +223,12 @@ var migrations = []string{
 		dropped INTEGER NOT NULL DEFAULT 0,
 		PRIMARY KEY (tenant, trajectory, step, attempt)
 	);`,
+	// 6: disk_mb is charged to nodes like memory.
+	`ALTER TABLE sandboxes ADD COLUMN disk_mb INTEGER NOT NULL DEFAULT 0;
+	UPDATE sandboxes SET disk_mb = COALESCE(json_extract(doc, '$.API.resources.disk_mb'), 0);
+	ALTER TABLE nodes ADD COLUMN limit_disk_mb INTEGER NOT NULL DEFAULT 0;
+	ALTER TABLE nodes ADD COLUMN alloc_disk_mb INTEGER NOT NULL DEFAULT 0;
+	UPDATE nodes SET alloc_disk_mb = (SELECT COALESCE(SUM(disk_mb), 0) FROM sandboxes s WHERE s.node = nodes.id AND s.charged = 1);`,
 }
 
 func (s *Store) migrate(ctx context.Context) error {
