@@ -111,6 +111,11 @@ type CreateSandboxRequest struct {
 	// the "burst" pool), which the scheduler uses only while the rest of
 	// the cluster is above its utilisation threshold.
 	Burst bool `json:"burst,omitempty"`
+
+	// AdmissionTimeoutSeconds bounds how long the create waits in the
+	// admission queue when the nodes with room for it are busy (see
+	// Admission); 0 means DefaultAdmissionTimeout, -1 not to wait.
+	AdmissionTimeoutSeconds int64 `json:"admission_timeout_seconds,omitempty"`
 }
 
 // Sandbox is a sandbox as the API shows it.
@@ -372,6 +377,9 @@ type Node struct {
 	Pool         string    `json:"pool,omitempty"`
 	CachedLayers int       `json:"cached_layers"`
 	LastSeen     time.Time `json:"last_seen"`
+	// Busy says its sandboxes' measured CPU is at the scheduler's
+	// threshold: it takes no new sandbox until they calm down.
+	Busy bool `json:"busy,omitempty"`
 }
 
 // NodeLoad is what a node measures of its own use.
@@ -380,11 +388,19 @@ type NodeLoad struct {
 	MemoryMB        int64   `json:"memory_mb"`         // memory in use, whole node
 	SandboxCPU      float64 `json:"sandbox_cpu"`       // cores busy in sandboxes' cgroups
 	SandboxMemoryMB int64   `json:"sandbox_memory_mb"` // memory charged to sandboxes' cgroups
+	// DiskUsedMB is what is used of the filesystem holding the sandboxes'
+	// writable layers (by anything); 0 when the node reports no disk.
+	DiskUsedMB int64 `json:"disk_used_mb,omitempty"`
+	// DiskFull says that filesystem's free space is down to the reserve
+	// the node keeps (5%, at least 1 GiB): it takes no new sandbox.
+	DiskFull bool `json:"disk_full,omitempty"`
 }
 
 // NodeList is the body of GET /v1/nodes.
 type NodeList struct {
 	Nodes []Node `json:"nodes"`
+	// Admission is the answering replica's admission queue.
+	Admission *Admission `json:"admission,omitempty"`
 }
 
 // StdoutBytes returns the stdout bytes, decoding base64 if needed.

@@ -128,22 +128,36 @@ func nodeCmd(ctx context.Context, args []string) error {
 	}
 	switch sub {
 	case "ls", "list":
-		ns, err := newClient().ListNodes(ctx)
+		nl, err := newClient().NodeList(ctx)
 		if err != nil {
 			return printErrorCode(err)
 		}
 		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "ID\tSTATE\tPOOL\tSANDBOXES\tCPU (ALLOC/LIMIT)\tCPU USED\tMEMORY MB (ALLOC/CAP)\tMEMORY USED\tLAST SEEN")
-		for _, n := range ns {
+		fmt.Fprintln(tw, "ID\tSTATE\tPOOL\tSANDBOXES\tCPU (ALLOC/LIMIT)\tCPU USED\tMEMORY MB (ALLOC/CAP)\tMEMORY USED\tDISK MB (ALLOC/LIMIT)\tDISK USED\tLAST SEEN")
+		for _, n := range nl.Nodes {
 			pool := n.Pool
 			if pool == "" {
 				pool = "-"
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%g/%g\t%.2f\t%d/%d\t%d\t%s\n", n.ID, n.State, pool, n.Sandboxes,
+			state := n.State
+			if n.Busy {
+				state += " (busy)"
+			}
+			if n.Load.DiskFull {
+				state += " (disk full)"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%g/%g\t%.2f\t%d/%d\t%d\t%d/%d\t%d\t%s\n", n.ID, state, pool, n.Sandboxes,
 				n.Allocated.CPU, n.Limit.CPU, n.Load.CPU, n.Allocated.MemoryMB, n.Capacity.MemoryMB, n.Load.MemoryMB,
-				time.Since(n.LastSeen).Round(time.Second))
+				n.Allocated.DiskMB, n.Limit.DiskMB, n.Load.DiskUsedMB, time.Since(n.LastSeen).Round(time.Second))
 		}
-		return tw.Flush()
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		if a := nl.Admission; a != nil {
+			fmt.Printf("admission queue: %d creates waiting for busy nodes (%d tenants, oldest %s); since start %d admitted after waiting, %d timed out, %d left\n",
+				a.Waiting, a.Tenants, (time.Duration(a.OldestWaitMs) * time.Millisecond).Round(time.Millisecond/10), a.Admitted, a.TimedOut, a.Left)
+		}
+		return nil
 	case "get", "drain", "undrain":
 		if len(pos) != 1 {
 			return fmt.Errorf("usage: dsec node %s ID", sub)

@@ -121,6 +121,7 @@ func sandboxCreate(ctx context.Context, fs *flag.FlagSet, newClient func() *clie
 	fs.Var(&labels, "label", "KEY=VALUE label (repeatable)")
 	fs.Var(&env, "env", "KEY=VALUE environment variable (repeatable)")
 	fs.BoolVar(&req.Burst, "burst", false, "may run on a cloud burst node when the cluster is busy")
+	fs.Int64Var(&req.AdmissionTimeoutSeconds, "admission-timeout", 0, "seconds to wait while every node with room is busy (0: 60, -1: fail at once)")
 	jsonOut := fs.Bool("json", false, "print the whole sandbox as JSON instead of its id")
 	count := fs.Int("count", 1, fmt.Sprintf("create this many in one batch (up to %d), with a progress bar; prints one id per line", api.MaxBatchCount))
 	if _, _, err := parseArgs(fs, args); err != nil {

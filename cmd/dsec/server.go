@@ -43,6 +43,7 @@ type nodeFlags struct {
 	net          netFlags
 	cpu          float64
 	memoryMB     int64
+	diskMB       int64
 	labels       stringList
 	heartbeat    time.Duration
 	debug        bool
@@ -61,6 +62,7 @@ func (n *nodeFlags) register(fs *flag.FlagSet) {
 	n.net.register(fs)
 	fs.Float64Var(&n.cpu, "cpu", 0, "cores this node offers (default: all)")
 	fs.Int64Var(&n.memoryMB, "memory-mb", 0, "memory this node offers, MB (default: 90% of RAM, leaving at least 512 MB)")
+	fs.Int64Var(&n.diskMB, "disk-mb", 0, "writable-layer disk this node offers, MB (default: its data directory's filesystem less 5%, at least 1 GiB, kept free)")
 	fs.Var(&n.labels, "label", "node label KEY=VALUE (repeatable); pool=burst makes it a cloud burst node")
 	fs.DurationVar(&n.heartbeat, "heartbeat", 2*time.Second, "time between the node's heartbeats")
 	fs.BoolVar(&n.debug, "debug", false, "debug logging")
@@ -152,7 +154,7 @@ func (n *nodeFlags) startEdge(ctx context.Context, dataDir string, layers edge.L
 		backends = append(backends, mb)
 	}
 	ecfg := edge.Config{NodeID: n.nodeID, Backends: backends, Layers: layers, Logger: log,
-		Capacity: api.Resources{CPU: n.cpu, MemoryMB: n.memoryMB}}
+		Capacity: api.Resources{CPU: n.cpu, MemoryMB: n.memoryMB, DiskMB: n.diskMB}, DiskDir: dataDir}
 	if p, ok := layers.(*edge.StoreLayers); ok {
 		ecfg.Packer = p
 	}
@@ -203,6 +205,7 @@ func serverCmd(ctx context.Context, args []string) error {
 	clusterToken := fs.String("cluster-token", os.Getenv("DSEC_CLUSTER_TOKEN"), "token nodes join with (dsec edge --join … --token); empty: no remote nodes ($DSEC_CLUSTER_TOKEN)")
 	overcommit := fs.Float64("cpu-overcommit", scheduler.DefaultConfig.CPUOvercommit, "how many times a node's cores may be promised to sandboxes")
 	burst := fs.Float64("burst-threshold", scheduler.DefaultConfig.BurstThreshold, "utilisation of the regular nodes above which burst-eligible sandboxes go to burst nodes")
+	diskOvercommit := fs.Float64("disk-overcommit", scheduler.DefaultConfig.DiskOvercommit, "how many times a node's writable-layer disk may be promised to sandboxes' disk_mb (1: never)")
 	nodeTimeout := fs.Duration("node-timeout", 10*time.Second, "a node unheard for this long is down and its sandboxes lost")
 	var compat compatFlags
 	compat.register(fs)
@@ -252,7 +255,10 @@ func serverCmd(ctx context.Context, args []string) error {
 		return err
 	}
 	sched := scheduler.DefaultConfig
-	sched.CPUOvercommit, sched.BurstThreshold = *overcommit, *burst
+	sched.CPUOvercommit, sched.BurstThreshold, sched.DiskOvercommit = *overcommit, *burst, *diskOvercommit
+	if *diskOvercommit < 1 {
+		return errors.New("--disk-overcommit must be at least 1")
+	}
 	srv := server.New(server.Config{
 		Store: st, Layers: layers, TmpDir: filepath.Join(dataDir, "tmp"), Logger: log, Profiles: profiles,
 		DefaultIdleTimeout: idle.Truncate(time.Second), TrajectoryRetention: *retention,

@@ -121,6 +121,7 @@ func (e *Edge) Heartbeat(ctx context.Context, cfg JoinConfig, withLayers bool) H
 		hb.Load = e.cfg.Load(ctx)
 	} else {
 		hb.Load = e.load.measure(ctx, e.cfg.Backends)
+		e.measureDisk(&hb.Load)
 	}
 	layers, gen := e.cachedLayers()
 	e.mu.Lock()

@@ -61,8 +61,15 @@ type Config struct {
 	// Packer stores snapshots in the shared store (usually Layers
 	// itself); nil means this node takes none.
 	Packer *StoreLayers
-	// Capacity is what this node offers; zero fields are measured.
+	// Capacity is what this node offers; zero fields are measured
+	// (DiskMB only with DiskDir).
 	Capacity api.Resources
+	// DiskDir is a directory on the filesystem that holds the sandboxes'
+	// writable layers: its size less a reserve is the node's disk
+	// capacity unless Capacity.DiskMB is set, its use is reported in
+	// heartbeats, and a create is refused once it is used up to the
+	// capacity. Empty, the node reports no disk and is not limited by it.
+	DiskDir string
 	// Load measures the node's load for heartbeats; by default /proc and
 	// the backends' cgroups.
 	Load   func(ctx context.Context) api.NodeLoad
@@ -151,6 +158,13 @@ func New(ctx context.Context, cfg Config) (*Edge, error) {
 	if e.cfg.Capacity.MemoryMB == 0 {
 		e.cfg.Capacity.MemoryMB = allocatableMemoryMB()
 	}
+	if e.cfg.Capacity.DiskMB == 0 && e.cfg.DiskDir != "" {
+		d, err := diskCapacityMB(e.cfg.DiskDir)
+		if err != nil {
+			return nil, err
+		}
+		e.cfg.Capacity.DiskMB = d
+	}
 	for _, b := range cfg.Backends {
 		specs, err := b.Recover(ctx)
 		if err != nil {
@@ -196,6 +210,9 @@ func (e *Edge) Create(ctx context.Context, req CreateRequest) (Status, error) {
 	b, ok := e.backends[req.Backend]
 	if !ok {
 		return Status{}, errdefs.Invalid("backend %q is not offered by node %s", req.Backend, e.cfg.NodeID)
+	}
+	if err := e.checkDisk(); err != nil {
+		return Status{}, err
 	}
 	spec := backend.Spec{
 		ID: req.ID, Backend: req.Backend, Resources: req.Resources,

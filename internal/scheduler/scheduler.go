@@ -9,6 +9,7 @@
 package scheduler
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -45,6 +46,12 @@ type Config struct {
 	// BurstThreshold is the utilisation of the regular nodes above which
 	// sandboxes that allow it go to burst nodes.
 	BurstThreshold float64
+	// DiskOvercommit is how many times a node's writable-layer disk may
+	// be promised to sandboxes' disk_mb (writable layers are sparse: they
+	// take what is written). 1, the default, makes disk hard like memory.
+	// Whatever it is, a node whose disk is measured full to its reserve
+	// takes nothing new.
+	DiskOvercommit float64
 }
 
 // DefaultConfig is DSec's observation: ~90% of sandboxes use under 5% of
@@ -52,7 +59,7 @@ type Config struct {
 // measured use: a node whose sandboxes keep 90% of its cores busy takes
 // nothing new); memory is not oversubscribed. Above 80% utilisation, eligible sandboxes go to burst
 // nodes.
-var DefaultConfig = Config{CPUOvercommit: 50, MaxCPULoad: 0.9, LayerAffinity: 0.3, BurstThreshold: 0.8}
+var DefaultConfig = Config{CPUOvercommit: 50, MaxCPULoad: 0.9, LayerAffinity: 0.3, BurstThreshold: 0.8, DiskOvercommit: 1}
 
 // spreadWeight is how much a node's share of a batch counts against it:
 // at its fair share (batch size / fitting nodes) it loses half an empty
@@ -72,6 +79,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.BurstThreshold <= 0 {
 		c.BurstThreshold = d.BurstThreshold
+	}
+	if c.DiskOvercommit <= 0 {
+		c.DiskOvercommit = d.DiskOvercommit
 	}
 	return c
 }
@@ -129,9 +139,28 @@ func PlaceBatch(nodes []NodeState, req Request, count int, cfg Config) ([]string
 	return newPlacer(ns, req, count, cfg).run(count)
 }
 
+// ErrBusy marks a refusal due only to measured CPU load: some node has
+// the room the request asks for, but its sandboxes keep MaxCPULoad of its
+// cores busy. Waiting cures it (the control plane queues such creates);
+// errors that carry it are also ErrResourceExhausted.
+var ErrBusy = errors.New("busy")
+
 func noRoom(req Request) error {
-	return fmt.Errorf("no node has room for a %s sandbox with %g cpu and %d MB: %w",
-		req.Backend, req.Resources.CPU, req.Resources.MemoryMB, errdefs.ErrResourceExhausted)
+	return fmt.Errorf("no node has room for a %s: %w", describe(req), errdefs.ErrResourceExhausted)
+}
+
+func busyNodes(req Request, cfg Config) error {
+	return fmt.Errorf("every node with room for a %s is %w: its sandboxes keep %g%% or more of its cores busy: %w",
+		describe(req), ErrBusy, 100*cfg.MaxCPULoad, errdefs.ErrResourceExhausted)
+}
+
+func describe(req Request) string {
+	r := req.Resources
+	d := fmt.Sprintf("%s sandbox with %g cpu and %d MB", req.Backend, r.CPU, r.MemoryMB)
+	if r.DiskMB > 0 {
+		d = fmt.Sprintf("%s sandbox with %g cpu, %d MB memory and %d MB disk", req.Backend, r.CPU, r.MemoryMB, r.DiskMB)
+	}
+	return d
 }
 
 // placer picks nodes for the sandboxes of one request.
@@ -188,9 +217,20 @@ func (p *placer) run(count int) ([]string, error) {
 		out = append(out, n.ID)
 	}
 	if len(out) == 0 {
-		return nil, noRoom(p.req)
+		return nil, p.noRoom()
 	}
 	return out, nil
+}
+
+// noRoom says why nothing fits: ErrBusy when a node the request may use
+// has room but is busy, so that waiting would help.
+func (p *placer) noRoom() error {
+	for _, n := range p.nodes {
+		if p.eligible(n) && (n.Pool != PoolBurst || p.req.Burst) && fitsAllocation(n, p.req.Resources, p.cfg) {
+			return busyNodes(p.req, p.cfg)
+		}
+	}
+	return noRoom(p.req)
 }
 
 // utilisation is Utilisation over the placer's running totals.
@@ -263,13 +303,16 @@ func (p *placer) score(n *NodeState) float64 {
 // what is allocated on it.
 const busyWeight = 0.5
 
-// allocated is how full a node would be with r added: the higher of its
-// memory and CPU allocation.
+// allocated is how full a node would be with r added: the highest of its
+// memory, CPU and disk allocation.
 func allocated(n *NodeState, r api.Resources, cfg Config) float64 {
 	c := n.Capacity
 	l := float64(n.Allocated.MemoryMB+r.MemoryMB) / float64(max(c.MemoryMB, 1))
 	if c.CPU > 0 {
 		l = max(l, (n.Allocated.CPU+r.CPU)/(c.CPU*cfg.CPUOvercommit))
+	}
+	if c.DiskMB > 0 {
+		l = max(l, float64(n.Allocated.DiskMB+r.DiskMB)/(float64(c.DiskMB)*cfg.DiskOvercommit))
 	}
 	return l
 }
@@ -291,6 +334,11 @@ func busy(n *NodeState) float64 {
 // whole host's use is not compared with capacity: a node may offer less
 // than it has.)
 func fits(n *NodeState, r api.Resources, cfg Config) bool {
+	return fitsAllocation(n, r, cfg) && !busyCPU(n, cfg)
+}
+
+// fitsAllocation is fits without the measured CPU: the hard limits.
+func fitsAllocation(n *NodeState, r api.Resources, cfg Config) bool {
 	c := n.Capacity
 	if n.Allocated.MemoryMB+r.MemoryMB > c.MemoryMB || n.Load.SandboxMemoryMB+r.MemoryMB > c.MemoryMB {
 		return false
@@ -298,10 +346,31 @@ func fits(n *NodeState, r api.Resources, cfg Config) bool {
 	if c.Pids > 0 && n.Allocated.Pids+r.Pids > c.Pids {
 		return false
 	}
-	if c.CPU > 0 && n.Load.SandboxCPU >= c.CPU*cfg.MaxCPULoad {
+	if !fitsDisk(n, r, cfg) {
 		return false
 	}
 	return n.Allocated.CPU+r.CPU <= c.CPU*cfg.CPUOvercommit+1e-9
+}
+
+// fitsDisk checks the writable-layer disk: a node that measures its
+// filesystem full to its reserve takes nothing new however little is
+// allocated, and on a node that reports a capacity (its filesystem less
+// the reserve, or what it was told to offer) disk_mb is allocated against
+// capacity × DiskOvercommit.
+func fitsDisk(n *NodeState, r api.Resources, cfg Config) bool {
+	if n.Load.DiskFull {
+		return false
+	}
+	c := n.Capacity.DiskMB
+	return c <= 0 || float64(n.Allocated.DiskMB+r.DiskMB) <= float64(c)*cfg.DiskOvercommit
+}
+
+// Busy reports whether a node's sandboxes measurably keep MaxCPULoad of
+// its cores busy, so that it takes nothing new until they calm down.
+func Busy(n NodeState, cfg Config) bool { return busyCPU(&n, cfg.withDefaults()) }
+
+func busyCPU(n *NodeState, cfg Config) bool {
+	return n.Capacity.CPU > 0 && n.Load.SandboxCPU >= n.Capacity.CPU*cfg.MaxCPULoad
 }
 
 // Utilisation is how full the regular (non-burst) nodes that are up are,

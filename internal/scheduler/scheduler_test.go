@@ -3,6 +3,7 @@ package scheduler
 import (
 	"errors"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -211,4 +212,116 @@ func TestPlaceBatchSpreads(t *testing.T) {
 			t.Fatalf("PlaceBatch = %v, want %v", ids, want)
 		}
 	})
+}
+
+func TestBusyIsTellable(t *testing.T) {
+	c := []string{api.BackendContainer}
+	big := api.Resources{CPU: 2, MemoryMB: 4096}
+	busy := api.NodeLoad{CPU: 2, SandboxCPU: 1.9}
+	for _, tc := range []struct {
+		name     string
+		nodes    []NodeState
+		req      Request
+		wantBusy bool
+	}{
+		{"room but busy", []NodeState{
+			{ID: "a", State: NodeUp, Capacity: big, Load: busy, Backends: c},
+		}, Request{Backend: api.BackendContainer, Resources: api.Resources{CPU: 1, MemoryMB: 512}}, true},
+		{"busy and also out of memory", []NodeState{
+			{ID: "a", State: NodeUp, Capacity: big, Allocated: api.Resources{MemoryMB: 4000}, Load: busy, Backends: c},
+		}, Request{Backend: api.BackendContainer, Resources: api.Resources{CPU: 1, MemoryMB: 512}}, false},
+		{"a busy node plus a full one", []NodeState{
+			{ID: "a", State: NodeUp, Capacity: big, Load: busy, Backends: c},
+			{ID: "b", State: NodeUp, Capacity: big, Allocated: api.Resources{MemoryMB: 4000}, Backends: c},
+		}, Request{Backend: api.BackendContainer, Resources: api.Resources{CPU: 1, MemoryMB: 512}}, true},
+		{"only an excluded node is busy", []NodeState{
+			{ID: "a", State: NodeUp, Capacity: big, Load: busy, Backends: c},
+		}, Request{Backend: api.BackendContainer, Resources: api.Resources{CPU: 1, MemoryMB: 512}, Exclude: []string{"a"}}, false},
+		{"a busy burst node does not count without burst", []NodeState{
+			{ID: "a", State: NodeUp, Pool: PoolBurst, Capacity: big, Load: busy, Backends: c},
+		}, Request{Backend: api.BackendContainer, Resources: api.Resources{CPU: 1, MemoryMB: 512}}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Place(tc.nodes, tc.req, DefaultConfig)
+			if !errors.Is(err, errdefs.ErrResourceExhausted) {
+				t.Fatalf("Place: %v; want ErrResourceExhausted", err)
+			}
+			if got := errors.Is(err, ErrBusy); got != tc.wantBusy {
+				t.Fatalf("Place: %v; busy = %v, want %v", err, got, tc.wantBusy)
+			}
+		})
+	}
+	if !Busy(NodeState{Capacity: big, Load: busy}, Config{}) || Busy(NodeState{Capacity: big, Load: api.NodeLoad{CPU: 2, SandboxCPU: 1}}, Config{}) {
+		t.Fatal("Busy: want true at 95% of the cores in sandboxes, false at 50%")
+	}
+}
+
+func TestPlaceDisk(t *testing.T) {
+	c := []string{api.BackendContainer}
+	withDisk := api.Resources{CPU: 2, MemoryMB: 4096, DiskMB: 10000}
+	req := api.Resources{CPU: 0.1, MemoryMB: 16, DiskMB: 4000}
+	for _, tc := range []struct {
+		name  string
+		nodes []NodeState
+		cfg   Config
+		want  string
+	}{
+		{"disk is hard like memory", []NodeState{
+			{ID: "a", State: NodeUp, Capacity: withDisk, Allocated: api.Resources{DiskMB: 7000}, Backends: c},
+		}, DefaultConfig, ""},
+		{"disk that fits exactly", []NodeState{
+			{ID: "a", State: NodeUp, Capacity: withDisk, Allocated: api.Resources{DiskMB: 6000}, Backends: c},
+		}, DefaultConfig, "a"},
+		{"an explicit disk overcommit", []NodeState{
+			{ID: "a", State: NodeUp, Capacity: withDisk, Allocated: api.Resources{DiskMB: 15000}, Backends: c},
+		}, Config{DiskOvercommit: 2}, "a"},
+		{"a disk full to its reserve takes nothing, whatever is allocated", []NodeState{
+			{ID: "a", State: NodeUp, Capacity: withDisk, Load: api.NodeLoad{DiskUsedMB: 9500, DiskFull: true}, Backends: c},
+		}, Config{DiskOvercommit: 100}, ""},
+		{"the emptier disk wins when memory and cpu are equal", []NodeState{
+			{ID: "a", State: NodeUp, Capacity: withDisk, Allocated: api.Resources{DiskMB: 5000}, Backends: c},
+			{ID: "b", State: NodeUp, Capacity: withDisk, Allocated: api.Resources{DiskMB: 1000}, Backends: c},
+		}, DefaultConfig, "b"},
+		{"a node that reports no disk is not limited by it", []NodeState{
+			{ID: "a", State: NodeUp, Capacity: api.Resources{CPU: 2, MemoryMB: 4096}, Allocated: api.Resources{DiskMB: 1 << 30}, Backends: c},
+		}, DefaultConfig, "a"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := Place(tc.nodes, Request{Backend: api.BackendContainer, Resources: req}, tc.cfg)
+			if tc.want == "" {
+				if !errors.Is(err, errdefs.ErrResourceExhausted) || errors.Is(err, ErrBusy) ||
+					!strings.Contains(err.Error(), "4000 MB disk") {
+					t.Fatalf("Place = %q, %v; want ErrResourceExhausted naming the disk, not busy", got, err)
+				}
+				return
+			}
+			if err != nil || got != tc.want {
+				t.Fatalf("Place = %q, %v; want %q", got, err, tc.want)
+			}
+		})
+	}
+}
+
+func TestReserveNeverOvercommitsDisk(t *testing.T) {
+	s := New(DefaultConfig)
+	s.SetNode(NodeState{ID: "a", State: NodeUp, Capacity: api.Resources{CPU: 2, MemoryMB: 1 << 20, DiskMB: 10240},
+		Backends: []string{api.BackendContainer}})
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	ok := 0
+	for range 40 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := s.Reserve(Request{Backend: api.BackendContainer, Resources: api.Resources{CPU: 0.01, MemoryMB: 1, DiskMB: 1024}}); err == nil {
+				mu.Lock()
+				ok++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if n := s.Nodes()[0]; ok != 10 || n.Allocated.DiskMB != 10240 {
+		t.Fatalf("%d reservations of 1024 MB on a 10240 MB disk (allocated %d); want 10", ok, n.Allocated.DiskMB)
+	}
 }

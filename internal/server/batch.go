@@ -190,8 +190,13 @@ func (s *Server) runBatch(ctx, client context.Context, tenant string, b *batch) 
 	}
 	sreq := schedRequest(b.p)
 	// Items the scheduler finds no room for now take the single path below
-	// (which fails them with the reason, or finds room freed meanwhile).
-	nodes, _ := s.sched.ReserveBatch(sreq, n)
+	// (which fails them with the reason, waits for busy nodes in the
+	// admission queue, or finds room freed meanwhile). While creates wait
+	// there, every item joins them rather than jump the queue.
+	var nodes []string
+	if s.admission.Stats().Waiting == 0 {
+		nodes, _ = s.sched.ReserveBatch(sreq, n)
+	}
 	now := time.Now().UTC()
 	placed := make([]bool, n)
 	for i := range b.items {
@@ -288,9 +293,11 @@ func (s *Server) buildItem(ctx, client context.Context, b *batch, i int, placed 
 		return
 	}
 	start := time.Now()
-	cctx, cancel := context.WithTimeout(ctx, createTimeout)
+	cctx, cancel := context.WithTimeout(ctx, b.p.wait+createTimeout)
 	defer cancel()
-	err := s.placeAndBuild(cctx, sb, b.p, placed)
+	p := b.p
+	p.gone = client.Done()
+	err := s.placeAndBuild(cctx, sb, p, placed)
 	if sb.API.ID != "" && sb.Version > 0 {
 		b.items[i].ID, b.items[i].Node = sb.API.ID, sb.API.Node
 	}

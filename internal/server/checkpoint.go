@@ -299,7 +299,8 @@ func (s *Server) restoreTrajectory(w http.ResponseWriter, r *http.Request) error
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), createTimeout)
+	p.gone = r.Context().Done()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), p.wait+createTimeout)
 	defer cancel()
 	sb, err := s.create(ctx, tenant, p)
 	if err != nil {

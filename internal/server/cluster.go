@@ -119,6 +119,7 @@ func (s *Server) beat(ctx context.Context, hb edge.Heartbeat, local bool) (edge.
 		}
 	}
 	s.sched.UpdateNode(schedState(n))
+	s.admission.Kick() // its load may have fallen
 	if fresh {
 		s.nodes.put(cur, hb.Backends)
 		s.log.Info("node connected", "node", hb.ID, "addr", hb.Addr, "cpu", hb.Capacity.CPU,
@@ -163,7 +164,9 @@ func (s *Server) verify(ctx context.Context, hb edge.Heartbeat) (*node, error) {
 
 // limit is the most that may be charged to a node of capacity c.
 func (s *Server) limit(c api.Resources) api.Resources {
-	return api.Resources{CPU: c.CPU * s.sched.Config().CPUOvercommit, MemoryMB: c.MemoryMB, Pids: c.Pids}
+	cfg := s.sched.Config()
+	return api.Resources{CPU: c.CPU * cfg.CPUOvercommit, MemoryMB: c.MemoryMB, Pids: c.Pids,
+		DiskMB: int64(float64(c.DiskMB) * cfg.DiskOvercommit)}
 }
 
 // syncNodes runs on every replica: it re-reads the nodes from the store
@@ -210,6 +213,7 @@ func (s *Server) syncNodes(ctx context.Context, sweepLost bool) {
 		}
 		s.sched.SetNode(schedState(n))
 	}
+	s.admission.Kick()
 }
 
 // nodeDown acts once on a node that stopped heartbeating.

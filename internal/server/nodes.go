@@ -142,6 +142,13 @@ func nodeAPI(n store.Node) api.Node {
 	}
 }
 
+// nodeView is nodeAPI with what the scheduler makes of the node.
+func (s *Server) nodeView(n store.Node) api.Node {
+	v := nodeAPI(n)
+	v.Busy = v.State == api.NodeUp && scheduler.Busy(schedState(n), s.sched.Config())
+	return v
+}
+
 // schedState is what the scheduler needs of a stored node.
 func schedState(n store.Node) scheduler.NodeState {
 	state := n.State
@@ -163,9 +170,9 @@ func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := api.NodeList{Nodes: make([]api.Node, 0, len(stored))}
+	out := api.NodeList{Nodes: make([]api.Node, 0, len(stored)), Admission: s.admissionView()}
 	for _, n := range stored {
-		out.Nodes = append(out.Nodes, nodeAPI(n))
+		out.Nodes = append(out.Nodes, s.nodeView(n))
 	}
 	httpapi.WriteJSON(w, http.StatusOK, out)
 	return nil
@@ -176,7 +183,7 @@ func (s *Server) getNode(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	httpapi.WriteJSON(w, http.StatusOK, nodeAPI(n))
+	httpapi.WriteJSON(w, http.StatusOK, s.nodeView(n))
 	return nil
 }
 
@@ -201,6 +208,6 @@ func (s *Server) setDrain(w http.ResponseWriter, r *http.Request, drain bool) er
 	}
 	s.sched.SetNode(schedState(n))
 	s.log.Info("node drain changed", "node", id, "drain", drain)
-	httpapi.WriteJSON(w, http.StatusOK, nodeAPI(n))
+	httpapi.WriteJSON(w, http.StatusOK, s.nodeView(n))
 	return nil
 }

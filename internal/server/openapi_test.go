@@ -176,7 +176,7 @@ func TestOpenAPISchemas(t *testing.T) {
 		"Tenant": api.Tenant{}, "Quota": api.Quota{}, "Usage": api.Usage{}, "TenantList": api.TenantList{},
 		"CreateTenantRequest": api.CreateTenantRequest{}, "APIKey": api.APIKey{}, "APIKeyList": api.KeyList{},
 		"CreateKeyRequest": api.CreateKeyRequest{}, "Node": api.Node{}, "NodeLoad": api.NodeLoad{},
-		"NodeList": api.NodeList{}, "Heartbeat": edge.Heartbeat{}, "HeartbeatReply": edge.HeartbeatReply{},
+		"NodeList": api.NodeList{}, "Admission": api.Admission{}, "Heartbeat": edge.Heartbeat{}, "HeartbeatReply": edge.HeartbeatReply{},
 	}
 	// Bodies the handlers write as maps, with no Go type to hold them to.
 	untyped := []string{"Health"}

@@ -82,7 +82,7 @@ func (s *Server) placeAndBuild(ctx context.Context, sb *store.Sandbox, p plan, p
 	var lastErr error
 	for range maxNodeTries {
 		if !placed {
-			nodeID, err := s.sched.Reserve(req)
+			nodeID, err := s.reserve(ctx, sb.Tenant, req, p)
 			if err != nil {
 				if lastErr != nil {
 					err = fmt.Errorf("%w (after: %v)", err, lastErr)

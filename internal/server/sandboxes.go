@@ -33,6 +33,10 @@ var (
 type plan struct {
 	req     api.CreateSandboxRequest
 	digests []string // base first
+	// wait bounds the create's wait for admission while nodes are busy;
+	// a close of gone (its client went away) ends the wait.
+	wait time.Duration
+	gone <-chan struct{}
 }
 
 // validate checks a create request, fills defaults and resolves layers.
@@ -122,7 +126,11 @@ func (s *Server) validate(ctx context.Context, tenant string, req api.CreateSand
 			return plan{}, errdefs.Invalid("bad environment variable %q", k)
 		}
 	}
-	return plan{req: req, digests: digests}, nil
+	wait, err := admissionWait(req.AdmissionTimeoutSeconds)
+	if err != nil {
+		return plan{}, err
+	}
+	return plan{req: req, digests: digests, wait: wait}, nil
 }
 
 func (s *Server) fillResources(r *api.Resources) error {
@@ -162,7 +170,8 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), createTimeout)
+	p.gone = r.Context().Done()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), p.wait+createTimeout)
 	defer cancel()
 	var sb store.Sandbox
 	if p.req.Backend == api.BackendFnCall {

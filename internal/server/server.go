@@ -29,6 +29,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/admission"
 	"github.com/dsec-project/dsec/internal/edge"
 	"github.com/dsec-project/dsec/internal/errdefs"
 	"github.com/dsec-project/dsec/internal/fncall"
@@ -120,6 +121,9 @@ type Server struct {
 	// removal of layers (see layergc.go).
 	layerMu sync.RWMutex
 	gcKick  chan struct{}
+
+	// admission holds creates waiting for busy nodes (admission.go).
+	admission *admission.Queue
 }
 
 // New returns a control plane over cfg.Store.
@@ -181,7 +185,10 @@ func New(cfg Config) *Server {
 		steps:   newSteps(),
 		gates:   newGates(),
 		gcKick:  make(chan struct{}, 1),
+
+		admission: admission.New(admissionPoll),
 	}
+	s.registerAdmissionMetrics()
 	if cfg.FnCall.Logger == nil {
 		cfg.FnCall.Logger = cfg.Logger
 	}
@@ -409,6 +416,7 @@ type metrics struct {
 	checkpoints          *prometheus.CounterVec
 	checkpointDur        prometheus.Histogram
 	checkpointsCollected prometheus.Counter
+	admissionWait        *prometheus.HistogramVec
 }
 
 func newMetrics() *metrics {

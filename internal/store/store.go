@@ -364,11 +364,13 @@ func Live(state string) bool {
 // Charge is what sandboxes hold, in the units stores count in.
 type Charge struct {
 	MilliCPU, MemoryMB, Pids, Sandboxes int64
+	// DiskMB is charged to nodes only (tenants have no disk quota).
+	DiskMB int64
 }
 
 // ChargeOf is one sandbox's charge.
 func ChargeOf(r api.Resources) Charge {
-	return Charge{MilliCPU: MilliCPU(r.CPU), MemoryMB: r.MemoryMB, Pids: r.Pids, Sandboxes: 1}
+	return Charge{MilliCPU: MilliCPU(r.CPU), MemoryMB: r.MemoryMB, Pids: r.Pids, Sandboxes: 1, DiskMB: r.DiskMB}
 }
 
 // Add adds o to c.
@@ -377,4 +379,5 @@ func (c *Charge) Add(o Charge) {
 	c.MemoryMB += o.MemoryMB
 	c.Pids += o.Pids
 	c.Sandboxes += o.Sandboxes
+	c.DiskMB += o.DiskMB
 }

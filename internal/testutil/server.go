@@ -110,9 +110,13 @@ func StartServer(t testing.TB, extra ...string) *Server {
 		t.Fatal(err)
 	}
 	s := &Server{DataDir: data, t: t, CgroupParent: "dsec-test-" + filepath.Base(data)}
+	// Tests make many sandboxes with the default 10 GiB disk_mb, which a
+	// test machine's disk cannot hold promised one for one (writable
+	// layers are sparse): its disk is overcommitted unless a test asks
+	// otherwise (a later flag wins).
 	s.args = append([]string{"server", "--data", data, "--listen", "127.0.0.1:0",
 		"--node-id", "test-node", "--agent", filepath.Join(bin, "dsec-agent"),
-		"--cgroup-parent", s.CgroupParent, "--microvm-kernel", GuestKernelDir()}, extra...)
+		"--cgroup-parent", s.CgroupParent, "--microvm-kernel", GuestKernelDir(), "--disk-overcommit", "1000"}, extra...)
 	s.start()
 	t.Cleanup(s.cleanup)
 	return s

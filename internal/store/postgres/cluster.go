@@ -33,13 +33,14 @@ func (s *Store) Usage(ctx context.Context, tenant string) (store.Usage, error) {
 	return u, nil
 }
 
-// nodeUpsert keeps the stored layers when the new ones are nil ($9): jsonb
+// nodeUpsert keeps the stored layers when the new ones are nil ($10): jsonb
 // ||, in the same statement.
-var nodeUpsert = rebind(`INSERT INTO nodes (` + sqlstore.NodeUpsertCols + `) VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+var nodeUpsert = rebind(`INSERT INTO nodes (` + sqlstore.NodeUpsertCols + `) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (id) DO UPDATE SET
 			doc = CASE WHEN ? THEN excluded.doc || jsonb_build_object('Layers', nodes.doc->'Layers') ELSE excluded.doc END,
 			last_seen = excluded.last_seen, limit_mcpu = excluded.limit_mcpu,
-			limit_memory_mb = excluded.limit_memory_mb, limit_pids = excluded.limit_pids`)
+			limit_memory_mb = excluded.limit_memory_mb, limit_pids = excluded.limit_pids,
+			limit_disk_mb = excluded.limit_disk_mb`)
 
 // UpsertNode implements store.Store. Layers left nil keep the stored
 // ones.

@@ -54,10 +54,10 @@ func (s *Store) UpsertNode(ctx context.Context, n store.Node) error {
 		if err != nil {
 			return err
 		}
-		_, err = tx.Exec(`INSERT INTO nodes (`+sqlstore.NodeUpsertCols+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+		_, err = tx.Exec(`INSERT INTO nodes (`+sqlstore.NodeUpsertCols+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
 			ON CONFLICT (id) DO UPDATE SET doc = excluded.doc, last_seen = excluded.last_seen,
 				limit_mcpu = excluded.limit_mcpu, limit_memory_mb = excluded.limit_memory_mb,
-				limit_pids = excluded.limit_pids`, args...)
+				limit_pids = excluded.limit_pids, limit_disk_mb = excluded.limit_disk_mb`, args...)
 		if err != nil {
 			return fmt.Errorf("upsert node: %w", err)
 		}

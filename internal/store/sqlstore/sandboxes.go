@@ -19,9 +19,9 @@ import (
 // always, CPU and pids where set); a tenant only within its quota.
 const (
 	SandboxInsert = `INSERT INTO sandboxes (tenant, state, node, expires_at, deleted_at, last_active, doc,
-	mcpu, memory_mb, pids, idle_timeout, id, version, charged) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?)`
+	mcpu, memory_mb, pids, disk_mb, idle_timeout, id, version, charged) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?)`
 	SandboxUpdate = `UPDATE sandboxes SET tenant = ?, state = ?, node = ?, expires_at = ?, deleted_at = ?,
-	last_active = ?, doc = ?, mcpu = ?, memory_mb = ?, pids = ?, idle_timeout = ?, charged = ?, version = version + 1
+	last_active = ?, doc = ?, mcpu = ?, memory_mb = ?, pids = ?, disk_mb = ?, idle_timeout = ?, charged = ?, version = version + 1
 	WHERE id = ? AND version = ?`
 	// SandboxUpdateLive is UpdateSandbox's one-statement path for the
 	// common update, one that ends nothing (DeletedAt stays nil) of a
@@ -29,11 +29,12 @@ const (
 	SandboxUpdateLive = `UPDATE sandboxes SET state = ?, expires_at = ?, last_active = ?, doc = ?, idle_timeout = ?, version = version + 1
 	WHERE id = ? AND version = ? AND node = ? AND tenant = ? AND deleted_at IS NULL`
 	NodeCharge = `UPDATE nodes SET alloc_mcpu = alloc_mcpu + ?, alloc_memory_mb = alloc_memory_mb + ?,
-		alloc_pids = alloc_pids + ?, sandboxes = sandboxes + ?
+		alloc_pids = alloc_pids + ?, sandboxes = sandboxes + ?, alloc_disk_mb = alloc_disk_mb + ?
 	WHERE id = ? AND state = 'up' AND drain = 0 AND alloc_memory_mb + ? <= limit_memory_mb
-		AND (limit_mcpu = 0 OR alloc_mcpu + ? <= limit_mcpu) AND (limit_pids = 0 OR alloc_pids + ? <= limit_pids)`
+		AND (limit_mcpu = 0 OR alloc_mcpu + ? <= limit_mcpu) AND (limit_pids = 0 OR alloc_pids + ? <= limit_pids)
+		AND (limit_disk_mb = 0 OR alloc_disk_mb + ? <= limit_disk_mb)`
 	NodeRelease = `UPDATE nodes SET alloc_mcpu = alloc_mcpu - ?, alloc_memory_mb = alloc_memory_mb - ?,
-		alloc_pids = alloc_pids - ?, sandboxes = sandboxes - ? WHERE id = ?`
+		alloc_pids = alloc_pids - ?, sandboxes = sandboxes - ?, alloc_disk_mb = alloc_disk_mb - ? WHERE id = ?`
 	TenantCharge = `INSERT INTO tenant_usage (tenant, sandboxes, mcpu, memory_mb) VALUES (?, ?, ?, ?)
 	ON CONFLICT (tenant) DO UPDATE SET sandboxes = tenant_usage.sandboxes + excluded.sandboxes,
 		mcpu = tenant_usage.mcpu + excluded.mcpu, memory_mb = tenant_usage.memory_mb + excluded.memory_mb
@@ -55,13 +56,13 @@ const (
 
 // NodeChargeArgs are NodeCharge's arguments for charging c to node.
 func NodeChargeArgs(node string, c store.Charge) []any {
-	return []any{c.MilliCPU, c.MemoryMB, c.Pids, c.Sandboxes, node, c.MemoryMB, c.MilliCPU, c.Pids}
+	return []any{c.MilliCPU, c.MemoryMB, c.Pids, c.Sandboxes, c.DiskMB, node, c.MemoryMB, c.MilliCPU, c.Pids, c.DiskMB}
 }
 
 // NodeReleaseArgs are NodeRelease's arguments for returning one record's
 // charge c to node.
 func NodeReleaseArgs(node string, c store.Charge) []any {
-	return []any{c.MilliCPU, c.MemoryMB, c.Pids, 1, node}
+	return []any{c.MilliCPU, c.MemoryMB, c.Pids, 1, c.DiskMB, node}
 }
 
 // TenantReleaseArgs are TenantRelease's arguments for returning one
@@ -92,7 +93,7 @@ func SandboxArgs(sb *store.Sandbox) ([]any, error) {
 	r := sb.API.Resources
 	idle := sb.API.IdleTimeoutSeconds * int64(time.Second)
 	return []any{sb.Tenant, sb.API.State, sb.API.Node, expires, deleted, Nanos(sb.LastActive), string(doc),
-		store.MilliCPU(r.CPU), r.MemoryMB, r.Pids, idle, sb.API.ID}, nil
+		store.MilliCPU(r.CPU), r.MemoryMB, r.Pids, r.DiskMB, idle, sb.API.ID}, nil
 }
 
 // InsertArgs are SandboxInsert's arguments for a record whose
@@ -102,22 +103,22 @@ func InsertArgs(args []any, charged bool) []any { return append(args, B2i(charge
 // LiveUpdateArgs are SandboxUpdateLive's arguments for sb, whose
 // SandboxArgs are args.
 func LiveUpdateArgs(args []any, sb *store.Sandbox) []any {
-	return []any{args[1], args[3], args[5], args[6], args[10], sb.API.ID, sb.Version, sb.API.Node, sb.Tenant}
+	return []any{args[1], args[3], args[5], args[6], args[11], sb.API.ID, sb.Version, sb.API.Node, sb.Tenant}
 }
 
 // SetCharge sets the charge columns of args, a record's SandboxArgs, to c.
 func SetCharge(args []any, c store.Charge) {
-	args[7], args[8], args[9] = c.MilliCPU, c.MemoryMB, c.Pids
+	args[7], args[8], args[9], args[10] = c.MilliCPU, c.MemoryMB, c.Pids, c.DiskMB
 }
 
 // UpdateArgs are SandboxUpdate's arguments for sb, whose SandboxArgs are
 // args.
 func UpdateArgs(args []any, sb *store.Sandbox, charged bool) []any {
-	return append(args[:11:11], B2i(charged), sb.API.ID, sb.Version)
+	return append(args[:12:12], B2i(charged), sb.API.ID, sb.Version)
 }
 
 // StoredCols are the columns ScanStored reads.
-const StoredCols = `version, charged, node, tenant, mcpu, memory_mb, pids`
+const StoredCols = `version, charged, node, tenant, mcpu, memory_mb, pids, disk_mb`
 
 // Stored is what a record's columns say about its charge.
 type Stored struct {
@@ -132,7 +133,8 @@ type Stored struct {
 func ScanStored(sc Scanner) (Stored, error) {
 	var st Stored
 	var charged int
-	if err := sc.Scan(&st.Version, &charged, &st.Node, &st.Tenant, &st.Charge.MilliCPU, &st.Charge.MemoryMB, &st.Charge.Pids); err != nil {
+	if err := sc.Scan(&st.Version, &charged, &st.Node, &st.Tenant, &st.Charge.MilliCPU, &st.Charge.MemoryMB, &st.Charge.Pids,
+		&st.Charge.DiskMB); err != nil {
 		return st, err
 	}
 	st.Charged, st.Charge.Sandboxes = charged == 1, 1

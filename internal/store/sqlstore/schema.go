@@ -83,7 +83,8 @@ CREATE TABLE sandboxes (
 	pids {int} NOT NULL DEFAULT 0,
 	charged INTEGER NOT NULL DEFAULT 0,
 	-- nanoseconds, 0 for none
-	idle_timeout {int} NOT NULL DEFAULT 0
+	idle_timeout {int} NOT NULL DEFAULT 0,
+	disk_mb {int} NOT NULL DEFAULT 0
 );
 CREATE INDEX sandboxes_tenant ON sandboxes(tenant, id);
 CREATE INDEX sandboxes_node ON sandboxes(node, state);
@@ -101,7 +102,10 @@ CREATE TABLE nodes (
 	alloc_mcpu {int} NOT NULL DEFAULT 0,
 	alloc_memory_mb {int} NOT NULL DEFAULT 0,
 	alloc_pids {int} NOT NULL DEFAULT 0,
-	sandboxes {int} NOT NULL DEFAULT 0
+	sandboxes {int} NOT NULL DEFAULT 0,
+	-- 0: the node reports no disk and is not limited by it
+	limit_disk_mb {int} NOT NULL DEFAULT 0,
+	alloc_disk_mb {int} NOT NULL DEFAULT 0
 );
 CREATE TABLE tenant_usage (
 	tenant TEXT PRIMARY KEY,
@@ -158,7 +162,13 @@ const squashedVersion = 5
 // upgrades take a database from version squashedVersion+i to
 // squashedVersion+i+1, written with the schema's {tokens}. A change to the
 // schema goes both into schema (new databases) and here (existing ones).
-var upgrades = []string{}
+var upgrades = []string{
+	// 6: disk_mb is charged to nodes like memory. Sandboxes placed before
+	// hold no disk charge (their release returns none).
+	`ALTER TABLE sandboxes ADD COLUMN disk_mb {int} NOT NULL DEFAULT 0;
+	ALTER TABLE nodes ADD COLUMN limit_disk_mb {int} NOT NULL DEFAULT 0;
+	ALTER TABLE nodes ADD COLUMN alloc_disk_mb {int} NOT NULL DEFAULT 0;`,
+}
 
 // SchemaVersion is the version a database has once migrated.
 func SchemaVersion() int { return squashedVersion + len(upgrades) }

@@ -163,7 +163,7 @@ func NodeDoc(n store.Node) ([]byte, error) {
 // NodeUpsertCols are the columns a node's upsert writes, NodeArgs their
 // values; the upsert's conflict clause is each store's (how it keeps the
 // stored layers when n.Layers is nil differs).
-const NodeUpsertCols = `id, doc, state, drain, last_seen, limit_mcpu, limit_memory_mb, limit_pids`
+const NodeUpsertCols = `id, doc, state, drain, last_seen, limit_mcpu, limit_memory_mb, limit_pids, limit_disk_mb`
 
 // NodeArgs are the values of NodeUpsertCols for n; a node without a
 // state is up.
@@ -177,12 +177,12 @@ func NodeArgs(n store.Node) ([]any, error) {
 		state = store.NodeUp
 	}
 	return []any{n.ID, string(doc), state, B2i(n.Drain), Nanos(n.LastSeen), store.MilliCPU(n.Limit.CPU),
-		n.Limit.MemoryMB, n.Limit.Pids}, nil
+		n.Limit.MemoryMB, n.Limit.Pids, n.Limit.DiskMB}, nil
 }
 
 // NodeCols are the columns ScanNode reads.
 const NodeCols = `doc, state, drain, last_seen, limit_mcpu, limit_memory_mb, limit_pids,
-	alloc_mcpu, alloc_memory_mb, alloc_pids, sandboxes`
+	alloc_mcpu, alloc_memory_mb, alloc_pids, sandboxes, limit_disk_mb, alloc_disk_mb`
 
 // Nodes.
 const (
@@ -199,7 +199,7 @@ func ScanNode(sc Scanner) (store.Node, error) {
 	var drain int
 	var seen, limitMCPU, allocMCPU, count int64
 	if err := sc.Scan(&doc, &n.State, &drain, &seen, &limitMCPU, &n.Limit.MemoryMB, &n.Limit.Pids,
-		&allocMCPU, &n.Allocated.MemoryMB, &n.Allocated.Pids, &count); err != nil {
+		&allocMCPU, &n.Allocated.MemoryMB, &n.Allocated.Pids, &count, &n.Limit.DiskMB, &n.Allocated.DiskMB); err != nil {
 		return n, err
 	}
 	state, limit, alloc := n.State, n.Limit, n.Allocated

@@ -126,8 +126,8 @@ func TestUpdate(t *testing.T) {
 			if release != tt.release {
 				t.Errorf("release = %v", release)
 			}
-			// SandboxUpdate: 11 columns, charged, id, version.
-			if len(upd) != 14 || upd[11] != tt.charged || upd[12] != "sb" || upd[13] != int64(3) {
+			// SandboxUpdate: 12 columns, charged, id, version.
+			if len(upd) != 15 || upd[12] != tt.charged || upd[13] != "sb" || upd[14] != int64(3) {
 				t.Errorf("update args %v", upd)
 			}
 			if upd[7] != tt.chargedMCPU {

@@ -308,6 +308,69 @@ func runCluster(t *testing.T, open func(t *testing.T) store.Store) {
 		s.UpsertNode(ctx, node("a", 1000, 1000))
 		checkConcurrent(t, []store.Store{s}, "a")
 	})
+
+	t.Run("concurrent placements never overcommit disk", func(t *testing.T) {
+		s := open(t)
+		n := node("d", 1000, 1<<20)
+		n.Capacity.DiskMB, n.Limit.DiskMB = 1000, 1000
+		if err := s.UpsertNode(ctx, n); err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		var won []*store.Sandbox
+		for i := range 64 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				sb := placed(fmt.Sprintf("d%02d", i), "d", "t", 0.1, 10)
+				sb.API.Resources.DiskMB = 100
+				err := s.PlaceSandboxes(ctx, []*store.Sandbox{sb})
+				switch {
+				case err == nil:
+					mu.Lock()
+					won = append(won, sb)
+					mu.Unlock()
+				case !errors.Is(err, store.ErrNodeFull):
+					t.Errorf("place %s: %v", sb.API.ID, err)
+				}
+			}()
+		}
+		wg.Wait()
+		got := mustNode(t, s, "d")
+		if len(won) != 10 || got.Sandboxes != 10 || got.Allocated.DiskMB != 1000 || got.Limit.DiskMB != 1000 {
+			t.Fatalf("%d placements of 100 MB disk succeeded on a 1000 MB disk; node holds %d sandboxes, %d MB allocated (limit %d); want 10, 10, 1000",
+				len(won), got.Sandboxes, got.Allocated.DiskMB, got.Limit.DiskMB)
+		}
+		// A batch that would pass the limit is refused whole; a record
+		// that ends returns its disk; a move carries it.
+		more := []*store.Sandbox{placed("e0", "d", "t", 0.1, 10)}
+		more[0].API.Resources.DiskMB = 100
+		if err := s.PlaceSandboxes(ctx, more); !errors.Is(err, store.ErrNodeFull) {
+			t.Fatalf("place past the disk limit: %v", err)
+		}
+		end := won[0]
+		now := time.Now().UTC()
+		end.API.State, end.DeletedAt = api.StateDeleted, &now
+		if err := s.UpdateSandbox(ctx, end); err != nil {
+			t.Fatal(err)
+		}
+		if got := mustNode(t, s, "d"); got.Allocated.DiskMB != 900 {
+			t.Fatalf("after a delete: %d MB disk allocated, want 900", got.Allocated.DiskMB)
+		}
+		other := node("o", 1000, 1<<20)
+		other.Capacity.DiskMB, other.Limit.DiskMB = 150, 150
+		s.UpsertNode(ctx, other)
+		if err := s.MoveSandbox(ctx, won[1], "o"); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.MoveSandbox(ctx, won[2], "o"); !errors.Is(err, store.ErrNodeFull) {
+			t.Fatalf("move onto a full disk: %v", err)
+		}
+		if d, o := mustNode(t, s, "d"), mustNode(t, s, "o"); d.Allocated.DiskMB != 800 || o.Allocated.DiskMB != 100 {
+			t.Fatalf("after a move: %d and %d MB disk allocated, want 800 and 100", d.Allocated.DiskMB, o.Allocated.DiskMB)
+		}
+	})
 }
 
 // checkConcurrent places 64 sandboxes of 100 MB on a 1000 MB node from

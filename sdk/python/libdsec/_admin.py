@@ -33,6 +33,13 @@ class AdminCalls:
         """Nodes with capacity and allocation (admin key)."""
         return self._json(_ops.jreq("GET", "/v1/nodes"))["nodes"]
 
+    def admission(self) -> Dict[str, Any]:
+        """The answering server's admission queue (admin key): creates that
+        wait because every node with room for them is busy (``waiting``,
+        ``tenants``, ``oldest_wait_ms``, ``admitted``, ``timed_out``,
+        ``left``, ``max_cpu_load``)."""
+        return self._json(_ops.jreq("GET", "/v1/nodes")).get("admission") or {}
+
     def node(self, node_id: str) -> Dict[str, Any]:
         """One node (admin key); :class:`NotFoundError` if there is none."""
         return self._json(_ops.jreq("GET", _ops.node_path(node_id)))
@@ -87,6 +94,10 @@ class AsyncAdminCalls:
     async def nodes(self) -> List[Dict[str, Any]]:
         """Nodes with capacity and allocation (admin key)."""
         return (await self._json(_ops.jreq("GET", "/v1/nodes")))["nodes"]
+
+    async def admission(self) -> Dict[str, Any]:
+        """The answering server's admission queue (admin key); see :meth:`AdminCalls.admission`."""
+        return (await self._json(_ops.jreq("GET", "/v1/nodes"))).get("admission") or {}
 
     async def node(self, node_id: str) -> Dict[str, Any]:
         """One node (admin key)."""

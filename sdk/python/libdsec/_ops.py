@@ -14,7 +14,12 @@ from .models import Trajectory
 
 # Margins added to a command's own timeout for the HTTP call that waits for it.
 EXEC_MARGIN = 30.0
-CREATE_TIMEOUT = 180.0  # the server waits up to 2 min for a node
+# A create may wait for admission while the nodes with room are busy (60 s
+# unless its admission_timeout_seconds says otherwise), then up to 2 min
+# for its node to build it.
+ADMISSION_TIMEOUT = 60.0
+BUILD_TIMEOUT = 120.0
+CREATE_TIMEOUT = ADMISSION_TIMEOUT + BUILD_TIMEOUT + 20.0
 DEFAULT_EXEC_TIMEOUT = 600.0  # the server's default for exec
 
 Cmd = Union[str, Sequence[str]]
@@ -97,6 +102,7 @@ def spec(
     profile: Optional[str] = None,
     idle_timeout_seconds: Optional[int] = None,
     burst: bool = False,
+    admission_timeout_seconds: Optional[int] = None,
 ) -> Dict[str, Any]:
     """The JSON of a create request (also the spec of a batch)."""
     d: Dict[str, Any] = {}
@@ -123,12 +129,23 @@ def spec(
         d["env"] = dict(env)
     if burst:
         d["burst"] = True
+    if admission_timeout_seconds:
+        d["admission_timeout_seconds"] = int(admission_timeout_seconds)
     return d
 
 
+def create_timeout(body: Dict[str, Any]) -> float:
+    """How long to wait for a create's answer: its wait for admission (see
+    ``admission_timeout_seconds``) plus the build, with a margin."""
+    wait = body.get("admission_timeout_seconds") or ADMISSION_TIMEOUT
+    return max(float(wait), 0.0) + BUILD_TIMEOUT + 20.0
+
+
 def create(body: Dict[str, Any], timeout: Optional[float]) -> Req:
-    # 429 (no room) is refused before anything is made: safe to retry.
-    return jreq("POST", "/v1/sandboxes", body, timeout=timeout or CREATE_TIMEOUT, retry_busy=True)
+    # 429 (no room) is refused before anything is made: safe to retry. A
+    # create that only waits for busy nodes is not refused: the server holds
+    # it in its admission queue, so the call's timeout covers that wait.
+    return jreq("POST", "/v1/sandboxes", body, timeout=timeout or create_timeout(body), retry_busy=True)
 
 
 def batch(count: int, body: Dict[str, Any], timeout: Optional[float]) -> Req:

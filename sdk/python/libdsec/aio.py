@@ -64,7 +64,8 @@ class AsyncClient(AsyncAdminCalls):
 
     async def create(self, *, timeout: Optional[float] = None, **spec: Any) -> "AsyncSandbox":
         """Creates a sandbox (``burst=True`` may put it on a cloud burst
-        node); see :meth:`libdsec.Client.create`."""
+        node); like :meth:`libdsec.Client.create`, it waits while the nodes
+        with room are busy, up to ``admission_timeout_seconds`` (60)."""
         d = await self._json(_ops.create(_ops.spec(**spec), timeout))
         return AsyncSandbox(self, SandboxInfo.from_json(d))
 

@@ -110,7 +110,10 @@ class Client(AdminCalls):
         ``disk_mb``/``pids``; ``network``; ``phase``/``phases``/``profile``;
         ``ttl_seconds``; ``idle_timeout_seconds``; ``labels``; ``env``;
         ``burst=True`` lets it run on a cloud burst node (the scheduler uses
-        those only while the regular nodes are above its threshold).
+        those only while the regular nodes are above its threshold);
+        ``admission_timeout_seconds`` bounds the wait when every node with
+        room is busy (default 60; -1 fails at once instead): the call waits
+        with it. Memory and quotas never wait: they fail at once.
         ``with client.create(...) as sb:`` renews its lease in the background
         while the block runs and destroys it on exit.
         """

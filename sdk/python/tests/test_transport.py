@@ -113,6 +113,24 @@ class RetryTest(unittest.TestCase):
             client.layers()
         self.assertEqual(len(srv.hits), 2)
 
+    def test_create_waits_for_admission(self):
+        # A create waits in the server's admission queue while the nodes with
+        # room are busy: the call's timeout covers that wait and the build.
+        from libdsec import _ops
+        self.assertGreaterEqual(_ops.create(_ops.spec(base="b"), None).timeout, 60 + 120)
+        long = _ops.create(_ops.spec(base="b", admission_timeout_seconds=600), None)
+        self.assertEqual(json.loads(long.body)["admission_timeout_seconds"], 600)
+        self.assertGreaterEqual(long.timeout, 600 + 120)
+        now = _ops.create(_ops.spec(base="b", admission_timeout_seconds=-1), None)
+        self.assertEqual(json.loads(now.body)["admission_timeout_seconds"], -1)
+        self.assertGreaterEqual(now.timeout, 120)
+        # When its wait runs out the server answers 504: not retried (it
+        # would only wait again).
+        srv, client, _ = self.run_case([(504, err("deadline_exceeded", "waited 1m0s for a node that is not busy"))], None)
+        with self.assertRaises(libdsec.DeadlineExceededError):
+            client.create(base="b")
+        self.assertEqual(len(srv.hits), 1)
+
     def test_errors_map_to_classes(self):
         cases = [
             (400, err("invalid_argument", "bad"), libdsec.InvalidArgumentError),
