@@ -205,7 +205,7 @@ func serverCmd(ctx context.Context, args []string) error {
 	clusterToken := fs.String("cluster-token", os.Getenv("DSEC_CLUSTER_TOKEN"), "token nodes join with (dsec edge --join … --token); empty: no remote nodes ($DSEC_CLUSTER_TOKEN)")
 	overcommit := fs.Float64("cpu-overcommit", scheduler.DefaultConfig.CPUOvercommit, "how many times a node's cores may be promised to sandboxes")
 	burst := fs.Float64("burst-threshold", scheduler.DefaultConfig.BurstThreshold, "utilisation of the regular nodes above which burst-eligible sandboxes go to burst nodes")
-	diskOvercommit := fs.Float64("disk-overcommit", scheduler.DefaultConfig.DiskOvercommit, "how many times a node's writable-layer disk may be promised to sandboxes' disk_mb (1: never)")
+	diskOvercommit := fs.Float64("disk-overcommit", scheduler.DefaultConfig.DiskOvercommit, "how many times a node's writable-layer disk may be promised to sandboxes' disk_mb (1: never; a node whose disk is down to its reserve takes nothing new whatever the factor)")
 	nodeTimeout := fs.Duration("node-timeout", 10*time.Second, "a node unheard for this long is down and its sandboxes lost")
 	var compat compatFlags
 	compat.register(fs)

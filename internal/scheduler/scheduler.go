@@ -48,9 +48,10 @@ type Config struct {
 	BurstThreshold float64
 	// DiskOvercommit is how many times a node's writable-layer disk may
 	// be promised to sandboxes' disk_mb (writable layers are sparse: they
-	// take what is written). 1, the default, makes disk hard like memory.
-	// Whatever it is, a node whose disk is measured full to its reserve
-	// takes nothing new.
+	// take what is written). 1 makes disk hard like memory; the default,
+	// 200, lets a node hold its ~2,000 mostly idle sandboxes at the
+	// default disk_mb, since whatever the factor, a node whose disk is
+	// measured full to its reserve takes nothing new.
 	DiskOvercommit float64
 }
 
@@ -59,7 +60,7 @@ type Config struct {
 // measured use: a node whose sandboxes keep 90% of its cores busy takes
 // nothing new); memory is not oversubscribed. Above 80% utilisation, eligible sandboxes go to burst
 // nodes.
-var DefaultConfig = Config{CPUOvercommit: 50, MaxCPULoad: 0.9, LayerAffinity: 0.3, BurstThreshold: 0.8, DiskOvercommit: 1}
+var DefaultConfig = Config{CPUOvercommit: 50, MaxCPULoad: 0.9, LayerAffinity: 0.3, BurstThreshold: 0.8, DiskOvercommit: 200}
 
 // spreadWeight is how much a node's share of a batch counts against it:
 // at its fair share (batch size / fitting nodes) it loses half an empty

@@ -260,6 +260,8 @@ func TestPlaceDisk(t *testing.T) {
 	c := []string{api.BackendContainer}
 	withDisk := api.Resources{CPU: 2, MemoryMB: 4096, DiskMB: 10000}
 	req := api.Resources{CPU: 0.1, MemoryMB: 16, DiskMB: 4000}
+	hard := DefaultConfig
+	hard.DiskOvercommit = 1
 	for _, tc := range []struct {
 		name  string
 		nodes []NodeState
@@ -268,10 +270,10 @@ func TestPlaceDisk(t *testing.T) {
 	}{
 		{"disk is hard like memory", []NodeState{
 			{ID: "a", State: NodeUp, Capacity: withDisk, Allocated: api.Resources{DiskMB: 7000}, Backends: c},
-		}, DefaultConfig, ""},
+		}, hard, ""},
 		{"disk that fits exactly", []NodeState{
 			{ID: "a", State: NodeUp, Capacity: withDisk, Allocated: api.Resources{DiskMB: 6000}, Backends: c},
-		}, DefaultConfig, "a"},
+		}, hard, "a"},
 		{"an explicit disk overcommit", []NodeState{
 			{ID: "a", State: NodeUp, Capacity: withDisk, Allocated: api.Resources{DiskMB: 15000}, Backends: c},
 		}, Config{DiskOvercommit: 2}, "a"},
@@ -281,10 +283,10 @@ func TestPlaceDisk(t *testing.T) {
 		{"the emptier disk wins when memory and cpu are equal", []NodeState{
 			{ID: "a", State: NodeUp, Capacity: withDisk, Allocated: api.Resources{DiskMB: 5000}, Backends: c},
 			{ID: "b", State: NodeUp, Capacity: withDisk, Allocated: api.Resources{DiskMB: 1000}, Backends: c},
-		}, DefaultConfig, "b"},
+		}, hard, "b"},
 		{"a node that reports no disk is not limited by it", []NodeState{
 			{ID: "a", State: NodeUp, Capacity: api.Resources{CPU: 2, MemoryMB: 4096}, Allocated: api.Resources{DiskMB: 1 << 30}, Backends: c},
-		}, DefaultConfig, "a"},
+		}, hard, "a"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := Place(tc.nodes, Request{Backend: api.BackendContainer, Resources: req}, tc.cfg)
@@ -303,7 +305,9 @@ func TestPlaceDisk(t *testing.T) {
 }
 
 func TestReserveNeverOvercommitsDisk(t *testing.T) {
-	s := New(DefaultConfig)
+	hard := DefaultConfig
+	hard.DiskOvercommit = 1
+	s := New(hard)
 	s.SetNode(NodeState{ID: "a", State: NodeUp, Capacity: api.Resources{CPU: 2, MemoryMB: 1 << 20, DiskMB: 10240},
 		Backends: []string{api.BackendContainer}})
 	var wg sync.WaitGroup
