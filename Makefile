@@ -2,6 +2,9 @@
 #
 #   make run    install what is missing, build, start the all-in-one server
 #   make test   install what is missing, build, run every test (as root)
+#   make test-unit   the tests that need neither root nor a tool beyond Go
+#                    (any user, no install; UNIT_FLAGS=-race for the race detector)
+#   make lint   gofmt, go vet and staticcheck
 #   make debian-base   with `make run` going: build the public base layer
 #                      debian:12 (Debian bookworm + python3, pip, git) with
 #                      debootstrap and upload it
@@ -13,18 +16,21 @@ GO      ?= go
 DATA    ?= .dsec
 LISTEN  ?= 127.0.0.1:7070
 # Debian packages dsec needs on a node, and the tests beside: PostgreSQL
-# (the HA store's tests start private servers), util-linux (nsenter) and
-# iproute2 (the multi-host test's network namespaces); g++ (copied into the
-# toolchain base of the compatibility tests, internal/e2e/compat_test.go).
-DEBS    := runc erofs-utils busybox-static fuse3 iproute2 util-linux postgresql python3 e2fsprogs nftables debootstrap git qemu-system-x86 g++
+# (the HA store's tests start private servers), util-linux (nsenter),
+# iproute2 (the multi-host test's network namespaces), g++ (copied into the
+# toolchain base of the compatibility tests, internal/e2e/compat_test.go)
+# and gcc (go test -race needs cgo).
+DEBS    := runc erofs-utils busybox-static fuse3 iproute2 util-linux postgresql python3 e2fsprogs nftables debootstrap git qemu-system-x86 g++ gcc libc6-dev
 # Go tools the tests run (a real S3 server), built into bin/.
 VERSITYGW := github.com/versity/versitygw/cmd/versitygw@v1.8.0
+# The linter, built into bin/ by make lint.
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # The microVM guest kernel: Debian's cloud kernel, unpacked (never committed).
 GUEST_KERNEL_PKG ?= linux-image-cloud-amd64
 GUEST_KERNEL     := bin/guest-kernel
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: all build run test deps tools check-go clean debian-base sandboxfusion-base guest-kernel
+.PHONY: all build run test test-unit lint deps tools check-go clean debian-base sandboxfusion-base guest-kernel
 
 all: build
 
@@ -69,6 +75,23 @@ test: deps tools build guest-kernel
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 30m ./...
 	cd deploy && DSEC_BIN=$(CURDIR)/bin/dsec $(GO) test -count=1 ./...
+
+# test-unit runs every test that needs neither root, a tool beyond Go nor
+# the kernel's features: testutil.Require skips a test that states any
+# requirement (DSEC_TEST_UNIT=1), also under CI, and -short skips the long
+# ones. No install, any user. UNIT_FLAGS=-race adds the race detector (it
+# needs gcc); not the default yet: under it the cluster tests' simulated
+# heartbeats fall behind (TestClusterSpreadsAndSurvivesANodeLoss).
+UNIT_FLAGS ?=
+test-unit: check-go
+	DSEC_TEST_UNIT=1 $(GO) test $(UNIT_FLAGS) -short -count=1 -timeout 10m ./...
+
+# lint fails on unformatted code, go vet's findings and staticcheck's.
+lint: check-go
+	@test -x bin/staticcheck || GOBIN=$(CURDIR)/bin $(GO) install $(STATICCHECK)
+	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt -l: these files need gofmt -w:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	bin/staticcheck ./...
 
 # debian-base talks to the server `make run` started (same DATA and LISTEN).
 DEBIAN_INCLUDE ?= python3,python3-pip,git

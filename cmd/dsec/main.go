@@ -45,6 +45,8 @@ func main() {
 	switch {
 	case errors.As(err, &ee):
 		os.Exit(int(ee))
+	case errors.Is(err, flag.ErrHelp) && helpAsked(os.Args[1:]):
+		os.Exit(0)
 	case errors.Is(err, flag.ErrHelp):
 		os.Exit(2)
 	case err != nil:
@@ -64,6 +66,13 @@ func run(ctx context.Context, args []string) error {
 		return flag.ErrHelp
 	}
 	cmd, rest := args[0], args[1:]
+	if cmd == "help" && len(rest) > 0 {
+		// dsec help X [Y]: what dsec X [Y] --help prints.
+		return run(ctx, append(slices.Clone(rest), "--help"))
+	}
+	if g := groups[cmd]; g != nil && len(rest) > 0 && isHelpFlag(rest[0]) {
+		return groupUsage(ctx, cmd, g)
+	}
 	switch cmd {
 	case "server":
 		return serverCmd(ctx, rest)
@@ -174,4 +183,40 @@ func printErrorCode(err error) error {
 		return fmt.Errorf("%s (%s)", ae.Message, ae.Code)
 	}
 	return err
+}
+
+// groups are the commands that take a subcommand. Called without one,
+// each returns its usage as an error.
+var groups = map[string]func(context.Context, []string) error{
+	"sandbox": sandboxCmd, "sb": sandboxCmd, "layer": layerCmd, "trajectory": trajectoryCmd,
+	"traj": trajectoryCmd, "tenant": tenantCmd, "key": keyCmd, "node": nodeCmd, "bench": benchCmd,
+}
+
+// groupUsage prints a command group's usage, for dsec X --help.
+func groupUsage(ctx context.Context, name string, g func(context.Context, []string) error) error {
+	err := g(ctx, nil)
+	if err == nil || !strings.HasPrefix(err.Error(), "usage: ") {
+		return err
+	}
+	fmt.Printf("%s\n\nRun \"dsec %s SUBCOMMAND -h\" for a subcommand's flags.\n", err, name)
+	return nil
+}
+
+func isHelpFlag(a string) bool { return a == "-h" || a == "-help" || a == "--help" || a == "help" }
+
+// helpAsked reports whether the command line asked for help (and so exits
+// 0 once the usage is printed), rather than being wrong.
+func helpAsked(args []string) bool {
+	if len(args) > 0 && args[0] == "help" || len(args) > 1 && groups[args[0]] != nil && args[1] == "help" {
+		return true
+	}
+	for _, a := range args {
+		if a == "--" {
+			break
+		}
+		if isHelpFlag(a) && a != "help" {
+			return true
+		}
+	}
+	return false
 }

@@ -63,7 +63,7 @@ func (m *microvmFlags) backend(ctx context.Context, root, agent, cgroupParent st
 		return nil, err
 	}
 	vmm, err := qemu.New(ctx, qemu.Config{
-		Binary: m.qemu, Accel: m.accel, Kernel: k.Image, CacheDir: os.TempDir(), Logger: log,
+		Binary: m.qemu, Accel: m.accel, Kernel: k.Image, CacheDir: root, Logger: log,
 	})
 	if err != nil {
 		return nil, err

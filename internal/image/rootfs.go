@@ -45,6 +45,28 @@ func Debootstrap(ctx context.Context, suite string, include []string, mirror, di
 			os.Remove(m)
 		}
 	}
+	return NeutralHostFiles(dir)
+}
+
+// NeutralHostFiles gives the tree in dir an /etc/hostname and /etc/hosts
+// of no machine: debootstrap copies the build host's, which every sandbox
+// of the base would otherwise carry (a sandbox's own hostname is its id,
+// set by its backend).
+func NeutralHostFiles(dir string) error {
+	etc := filepath.Join(dir, "etc")
+	if err := os.MkdirAll(etc, 0o755); err != nil {
+		return err
+	}
+	for name, content := range map[string]string{
+		"hostname": "localhost\n",
+		"hosts":    "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\nff02::1\tip6-allnodes\nff02::2\tip6-allrouters\n",
+	} {
+		p := filepath.Join(etc, name)
+		os.Remove(p) // a link must not lead the write out of the tree
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			return fmt.Errorf("write /etc/%s: %w", name, err)
+		}
+	}
 	return nil
 }
 

@@ -57,3 +57,36 @@ func TestGitWorkspace(t *testing.T) {
 		t.Error("Debootstrap took an option as a package name")
 	}
 }
+
+// A debootstrapped tree carries the build host's /etc/hostname and
+// /etc/hosts; NeutralHostFiles replaces them, a link included, without
+// writing outside the tree.
+func TestNeutralHostFiles(t *testing.T) {
+	dir, outside := t.TempDir(), t.TempDir()
+	etc := filepath.Join(dir, "etc")
+	if err := os.MkdirAll(etc, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(etc, "hostname"), []byte("build-host-42\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	victim := filepath.Join(outside, "hosts")
+	if err := os.WriteFile(victim, []byte("keep\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(victim, filepath.Join(etc, "hosts")); err != nil {
+		t.Fatal(err)
+	}
+	if err := image.NeutralHostFiles(dir); err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]string{"hostname": "localhost\n", "hosts": "127.0.0.1\tlocalhost\n"} {
+		b, err := os.ReadFile(filepath.Join(etc, name))
+		if err != nil || !strings.HasPrefix(string(b), want) || strings.Contains(string(b), "build-host") {
+			t.Errorf("/etc/%s = %q, %v; want it to start with %q", name, b, err, want)
+		}
+	}
+	if b, _ := os.ReadFile(victim); string(b) != "keep\n" {
+		t.Errorf("the write followed the link out of the tree: %q", b)
+	}
+}

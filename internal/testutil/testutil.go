@@ -16,9 +16,15 @@ import (
 type Requirement func() string
 
 // Require checks every requirement and skips (locally) or fails (CI=true)
-// the test on the first that is not met.
+// the test on the first that is not met. Under `make test-unit`
+// (DSEC_TEST_UNIT=1) a test that states any requirement is not a unit test:
+// it is skipped whether or not the machine meets it, also under CI, where
+// the full run that follows runs it.
 func Require(t testing.TB, reqs ...Requirement) {
 	t.Helper()
+	if UnitOnly() && len(reqs) > 0 {
+		t.Skip("skipping in the unit run: the test needs more than Go (make test runs it)")
+	}
 	for _, r := range reqs {
 		if why := r(); why != "" {
 			if InCI() {
@@ -28,6 +34,10 @@ func Require(t testing.TB, reqs ...Requirement) {
 		}
 	}
 }
+
+// UnitOnly reports whether only unit tests run (make test-unit): tests
+// that need root, a tool beyond Go or the kernel's features skip.
+func UnitOnly() bool { return os.Getenv("DSEC_TEST_UNIT") == "1" }
 
 // InCI reports whether the tests run under CI, where skips are failures.
 func InCI() bool { return os.Getenv("CI") == "true" }

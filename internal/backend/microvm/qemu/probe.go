@@ -16,7 +16,8 @@ import (
 // as panicking (which ends QEMU, as it runs with -no-reboot). Some hosts
 // (nested hypervisors that run only paravirtual guests) offer /dev/kvm on
 // which QEMU aborts or the boot hangs. The answer is kept in cacheDir for
-// the current host boot.
+// this host kernel, QEMU version and guest kernel (probeKey), so that a
+// restart does not wait for a probe boot again.
 func probeKVM(ctx context.Context, bin, kernel, cacheDir string) (bool, string) {
 	f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0)
 	if err != nil {
@@ -26,8 +27,7 @@ func probeKVM(ctx context.Context, bin, kernel, cacheDir string) (bool, string) 
 	if kernel == "" {
 		return false, "no guest kernel to probe with"
 	}
-	bootID, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
-	key := strings.TrimSpace(string(bootID)) + " " + bin + " " + kernel
+	key := probeKey(ctx, bin, kernel)
 	cache := filepath.Join(cacheDir, "kvm-probe")
 	if b, err := os.ReadFile(cache); err == nil {
 		if k, res, ok := strings.Cut(string(b), "\n"); ok && k == key {
@@ -44,6 +44,32 @@ func probeKVM(ctx context.Context, bin, kernel, cacheDir string) (bool, string) 
 		os.WriteFile(cache, []byte(key+"\n"+res), 0o600)
 	}
 	return ok, why
+}
+
+// probeKey names what the probe's answer depends on: the host kernel's
+// release and build, QEMU's version and the guest kernel (path, size and
+// time).
+func probeKey(ctx context.Context, bin, kernel string) string {
+	var u syscall.Utsname
+	syscall.Uname(&u)
+	out, _ := exec.CommandContext(ctx, bin, "--version").Output()
+	version, _, _ := strings.Cut(string(out), "\n")
+	guest := kernel
+	if st, err := os.Stat(kernel); err == nil {
+		guest = fmt.Sprintf("%s %d %d", kernel, st.Size(), st.ModTime().UnixNano())
+	}
+	return strings.Join([]string{utsString(u.Release[:]), utsString(u.Version[:]), bin, strings.TrimSpace(version), guest}, " | ")
+}
+
+func utsString(b []int8) string {
+	var s []byte
+	for _, c := range b {
+		if c == 0 {
+			break
+		}
+		s = append(s, byte(c))
+	}
+	return string(s)
 }
 
 func probeBoot(ctx context.Context, bin, kernel string) (bool, string) {

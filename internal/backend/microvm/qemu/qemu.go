@@ -36,7 +36,7 @@ type Config struct {
 	Accel string
 	// Kernel is the guest kernel the probe boots.
 	Kernel string
-	// CacheDir keeps the probe's result for the current host boot.
+	// CacheDir keeps the probe's result across restarts (see probeKVM).
 	CacheDir string
 	Logger   *slog.Logger
 }

@@ -1,0 +1,67 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"io"
+	"os"
+	"strings"
+	"testing"
+)
+
+// capture runs the CLI with args and returns what it wrote to stdout and
+// stderr, and its error.
+func capture(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldOut, oldErr := os.Stdout, os.Stderr
+	os.Stdout, os.Stderr = w, w
+	done := make(chan string)
+	go func() {
+		var b bytes.Buffer
+		io.Copy(&b, r)
+		done <- b.String()
+	}()
+	runErr := run(context.Background(), args)
+	os.Stdout, os.Stderr = oldOut, oldErr
+	w.Close()
+	return <-done, runErr
+}
+
+// dsec help X, dsec X --help and dsec X Y -h all print usage, and none of
+// them is an unknown command.
+func TestHelp(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"help"}, "dsec sandbox create|ls"},
+		{[]string{"sandbox", "--help"}, "usage: dsec sandbox create|ls|get"},
+		{[]string{"sandbox", "-h"}, "usage: dsec sandbox create|ls|get"},
+		{[]string{"help", "sandbox"}, "usage: dsec sandbox create|ls|get"},
+		{[]string{"layer", "--help"}, "usage: dsec layer build"},
+		{[]string{"node", "help"}, "usage: dsec node ls"},
+		{[]string{"sandbox", "create", "-h"}, "-workspace"},
+		{[]string{"help", "sandbox", "create"}, "-workspace"},
+		{[]string{"server", "--help"}, "-listen"},
+	} {
+		out, err := capture(t, tc.args...)
+		if err != nil && !errors.Is(err, flag.ErrHelp) {
+			t.Errorf("dsec %s: %v", strings.Join(tc.args, " "), err)
+		}
+		if !strings.Contains(out, tc.want) {
+			t.Errorf("dsec %s printed %q, want it to hold %q", strings.Join(tc.args, " "), out, tc.want)
+		}
+		if !helpAsked(tc.args) && tc.args[0] != "help" {
+			t.Errorf("dsec %s: not taken for a request for help", strings.Join(tc.args, " "))
+		}
+	}
+	if helpAsked([]string{"sandbox", "exec", "ID", "--", "ls", "-h"}) {
+		t.Error("a -h after -- (the command's own) was taken for dsec's")
+	}
+}
