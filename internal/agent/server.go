@@ -161,6 +161,7 @@ func (s *Server) routes() http.Handler {
 		mux.HandleFunc("POST /fs/thaw", s.handleThaw)
 	}
 	mux.HandleFunc("POST /reset", s.handleReset)
+	mux.HandleFunc("GET /terminal", s.handleTerminal)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, errdefs.NotFound("route %s %s", r.Method, r.URL.Path))
 	})

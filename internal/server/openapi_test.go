@@ -168,6 +168,7 @@ func TestOpenAPISchemas(t *testing.T) {
 		"RestoreResult": api.RestoreResult{}, "TrajectoryStep": api.TrajectoryStep{},
 		"TrajectoryLog": api.TrajectoryLog{}, "ExecRequest": api.ExecRequest{}, "ExecResult": api.ExecResult{},
 		"ExecEvent": api.ExecEvent{}, "Process": api.Process{}, "ProcessList": api.ProcessList{},
+		"TTYSize": api.TTYSize{}, "TerminalMessage": api.TerminalMessage{},
 		"FileInfo": api.FileInfo{}, "FileList": api.FileList{}, "FileWritten": api.FileWritten{},
 		"Layer": api.Layer{}, "SnapshotRequest": api.SnapshotRequest{}, "LayerList": api.LayerList{},
 		"Tenant": api.Tenant{}, "Quota": api.Quota{}, "Usage": api.Usage{}, "TenantList": api.TenantList{},

@@ -271,6 +271,10 @@ func (s *Server) Handler() http.Handler {
 	authed("DELETE /v1/trajectories/{id...}", s.deleteTrajectory)
 	authed("POST /v1/trajectories:restore", s.restoreTrajectory)
 	authed("PUT /v1/sandboxes/{id}/phase", s.setPhase)
+
+	// Interactive sandboxes: terminals, ports, live logs.
+	authed("GET /v1/sandboxes/{id}/terminal", s.terminal)
+
 	authed("GET /v1/profiles", s.listProfiles)
 
 	authed("POST /v1/fncall", s.fncallCall)

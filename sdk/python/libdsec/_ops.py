@@ -158,6 +158,7 @@ def exec_body(
     max_output_bytes: Optional[int] = None,
     trajectory: Union[Trajectory, Tuple[str, int], Tuple[str, int, int], Mapping[str, Any], None] = None,
     background: bool = False,
+    tty: Optional[Tuple[int, int]] = None,
 ) -> Dict[str, Any]:
     """The JSON of an exec: ``cmd`` is a shell string or an argv list."""
     d: Dict[str, Any] = {}
@@ -187,6 +188,8 @@ def exec_body(
             d["trajectory"] = dict(trajectory)
     if background:
         d["background"] = True
+    if tty is not None:
+        d["tty"] = {"rows": int(tty[0]), "cols": int(tty[1])}
     return d
 
 

@@ -7,9 +7,11 @@ import asyncio
 import json
 import os
 import time
-from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _ops
+from ._terminal import AsyncTerminal, terminal_target
+from ._websocket import AsyncWebSocket
 from ._admin import AsyncAdminCalls
 from ._asynchttp import AsyncPool, AsyncResponse
 from ._retry import delay, should_retry
@@ -215,9 +217,9 @@ class AsyncSandbox:
     async def exec(self, cmd: _ops.Cmd, *, timeout: Optional[float] = None,
                    env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
                    stdin: Union[str, bytes, None] = None, max_output_bytes: Optional[int] = None,
-                   trajectory: Any = None, check: bool = False) -> ExecResult:
+                   trajectory: Any = None, check: bool = False, tty: Optional[Tuple[int, int]] = None) -> ExecResult:
         body = _ops.exec_body(cmd, env=env, cwd=cwd, stdin=stdin, timeout=timeout,
-                              max_output_bytes=max_output_bytes, trajectory=trajectory)
+                              max_output_bytes=max_output_bytes, trajectory=trajectory, tty=tty)
         res = ExecResult.from_json(await self.client._json(_ops.exec_(self.id, body, timeout, False)))
         return res.check() if check else res
 
@@ -239,6 +241,14 @@ class AsyncSandbox:
         res = ExecResult.from_json(await self.client._json(_ops.exec_(self.id, body, 30.0, False)))
         assert res.process is not None
         return AsyncProcess(self, res.process)
+
+    async def terminal(self, cmd: Union[str, Sequence[str], None] = None, *, rows: int = 24, cols: int = 80,
+                       cwd: Optional[str] = None, env: Optional[Mapping[str, str]] = None) -> AsyncTerminal:
+        """Opens an interactive terminal; see :meth:`libdsec.Sandbox.terminal`."""
+        headers = {"Authorization": "Bearer " + self.client.api_key} if self.client.api_key else {}
+        ws = await AsyncWebSocket.connect(self.client.url, terminal_target(self.id, cmd, cwd, env, rows, cols),
+                                          headers, self.client.timeout)
+        return AsyncTerminal(ws)
 
     async def processes(self) -> List["AsyncProcess"]:
         d = await self.client._json(_ops.jreq("GET", _ops.proc_path(self.id)))

@@ -11,11 +11,13 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _ops
 from ._admin import AdminCalls
 from ._http import Pool, Response
+from ._terminal import Terminal, terminal_target
+from ._websocket import WebSocket
 from ._retry import delay, should_retry
 from .errors import ApiError, DsecError, error_from_response
 from .models import (BatchItem, BatchProgress, ExecResult, FileInfo, Layer, OutputChunk, OutputPage, Pool as PoolInfo,
@@ -304,17 +306,18 @@ class Sandbox:
 
     def exec(self, cmd: _ops.Cmd, *, timeout: Optional[float] = None, env: Optional[Mapping[str, str]] = None,
              cwd: Optional[str] = None, stdin: Union[str, bytes, None] = None, max_output_bytes: Optional[int] = None,
-             trajectory: Any = None, check: bool = False) -> ExecResult:
+             trajectory: Any = None, check: bool = False, tty: Optional[Tuple[int, int]] = None) -> ExecResult:
         """Runs a command and waits for it.
 
         ``cmd`` is a shell string (``/bin/sh -c``) or an argv list; ``timeout``
         in seconds kills it (server default 600); ``trajectory=(id, step)``
         keys it into the trajectory log (``(id, step, k)`` also asks for a
         checkpoint every k steps). ``check=True`` raises
-        :class:`libdsec.ExecError` unless it exits 0.
+        :class:`libdsec.ExecError` unless it exits 0. ``tty=(rows, cols)``
+        runs it on a pseudo-terminal: its output is one stream, in stdout.
         """
         body = _ops.exec_body(cmd, env=env, cwd=cwd, stdin=stdin, timeout=timeout,
-                              max_output_bytes=max_output_bytes, trajectory=trajectory)
+                              max_output_bytes=max_output_bytes, trajectory=trajectory, tty=tty)
         res = ExecResult.from_json(self.client._json(_ops.exec_(self.id, body, timeout, False)))
         return res.check() if check else res
 
@@ -341,6 +344,15 @@ class Sandbox:
         res = ExecResult.from_json(self.client._json(_ops.exec_(self.id, body, 30.0, False)))
         assert res.process is not None, "a background exec answers with a process"
         return Process(self, res.process)
+
+    def terminal(self, cmd: Union[str, Sequence[str], None] = None, *, rows: int = 24, cols: int = 80,
+                 cwd: Optional[str] = None, env: Optional[Mapping[str, str]] = None) -> Terminal:
+        """Opens an interactive terminal running ``cmd`` (default: the
+        sandbox's shell) on a pseudo-terminal of ``rows`` x ``cols``."""
+        headers = {"Authorization": "Bearer " + self.client.api_key} if self.client.api_key else {}
+        ws = WebSocket.connect(self.client.url, terminal_target(self.id, cmd, cwd, env, rows, cols), headers,
+                               self.client.timeout)
+        return Terminal(ws)
 
     def processes(self) -> List["Process"]:
         """Background processes, running and exited, in start order."""

@@ -1,0 +1,87 @@
+"""Terminals (and later ports and live logs) through libdsec, blocking and
+asyncio, against a real server ($DSEC_URL, $DSEC_API_KEY)."""
+
+import asyncio
+import os
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import libdsec  # noqa: E402
+
+BASE = os.environ.get("DSEC_TEST_BASE", "base:minimal")
+
+
+def read_until(term, needle: bytes, timeout: float = 60) -> bytes:
+    buf = b""
+    deadline = time.monotonic() + timeout
+    while needle not in buf:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{needle!r} never came; got {buf!r}")
+        b = term.recv(timeout=timeout)
+        if not b:
+            raise AssertionError(f"terminal ended before {needle!r}; got {buf!r}")
+        buf += b
+    return buf
+
+
+class TerminalTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        if not os.environ.get("DSEC_URL"):
+            raise unittest.SkipTest("no server")
+        cls.client = libdsec.Client()
+        cls.sb = cls.client.create(base=BASE, resources={"memory_mb": 64}, labels={"suite": "py-interactive"})
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.sb.close()
+        cls.client.close()
+
+    def test_exec_tty(self):
+        r = self.sb.exec("stty size; tty >/dev/null && echo on-a-tty", tty=(9, 33))
+        self.assertEqual(r.stdout, "9 33\r\non-a-tty\r\n")
+
+    def test_terminal(self):
+        with self.sb.terminal(["/bin/sh"], rows=12, cols=40, env={"X": "y"}) as t:
+            t.send("echo $X-$((20+1)); stty size\n")
+            read_until(t, b"y-21\r\n12 40\r\n")
+            t.resize(30, 90)
+            t.send(b"stty size\n")
+            read_until(t, b"30 90\r\n")
+            t.send("exit 4\n")
+            t.read_all()
+            self.assertEqual(t.exit_code, 4)
+
+    def test_terminal_bad_size(self):
+        with self.assertRaises(libdsec.InvalidArgumentError):
+            self.sb.terminal(rows=0)
+        with self.assertRaises(libdsec.InvalidArgumentError):
+            self.sb.exec("true", tty=(100000, 80))
+        with self.sb.terminal() as t:
+            t.resize(100000, 5)
+            with self.assertRaises(libdsec.InvalidArgumentError):
+                t.read_all()
+
+    def test_async_terminal(self):
+        async def run():
+            async with libdsec.AsyncClient() as c:
+                sb = c.sandbox(self.sb.id)
+                t = await sb.terminal("cat", rows=5, cols=6)
+                await t.send(b"ping\n")
+                buf = b""
+                while b"ping\r\nping\r\n" not in buf:
+                    buf += await asyncio.wait_for(t.recv(), 60)
+                await t.resize(7, 8)
+                await t.signal("INT")
+                rest = await asyncio.wait_for(t.read_all(), 60)
+                await t.close()
+                return t.exit_code, rest
+        code, _ = asyncio.run(run())
+        self.assertEqual(code, 130)
+
+
+if __name__ == "__main__":
+    unittest.main()
