@@ -26,3 +26,20 @@ type TerminalMessage struct {
 	Signal   string `json:"signal,omitempty"`
 	ExitCode *int   `json:"exit_code,omitempty"`
 }
+
+// OutputEvent is one line of GET /v1/sandboxes/{id}/processes/{pid}/output
+// with Accept: application/x-ndjson: a piece of one stream of a background
+// process, or (last, once it has exited and both streams are read) its
+// exit.
+type OutputEvent struct {
+	Stream string `json:"stream,omitempty"` // "stdout" or "stderr"
+	// Offset is the absolute offset of Data's first byte in its stream;
+	// Offset + len(Data) is where to resume from.
+	Offset   int64   `json:"offset"`
+	Data     *string `json:"data,omitempty"`
+	Encoding string  `json:"encoding,omitempty"` // "base64" when Data is not UTF-8
+	// Skipped counts bytes lost to the ring between the offset asked for
+	// (or the previous event) and Offset.
+	Skipped int64       `json:"skipped,omitempty"`
+	Exit    *ExecResult `json:"exit,omitempty"`
+}

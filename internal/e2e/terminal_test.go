@@ -242,3 +242,52 @@ func eventually(t *testing.T, d time.Duration, cond func() bool) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestLogsFollow follows a background process through the server with
+// the Go client and `dsec sandbox logs -f`, from a second tenant key too.
+func TestLogsFollow(t *testing.T) {
+	s := startServer(t)
+	c := s.Client
+	sb := newSandbox(t, c, nil)
+	ctx := ctxT(t)
+	res, err := c.Exec(ctx, sb.ID, &api.ExecRequest{Background: true,
+		Shell: "echo one; echo err >&2; while [ ! -e /tmp/go ]; do sleep 0.05; done; echo two; exit 4"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := res.Process.ID
+	dsec := exec.Command(filepath.Join(testutil.Binaries(t), "dsec"), "sandbox", "logs", "-f", sb.ID, pid)
+	dsec.Env = append(dsec.Environ(), "DSEC_URL="+s.URL, "DSEC_API_KEY="+s.Key)
+	var stdout, stderr bytes.Buffer
+	dsec.Stdout, dsec.Stderr = &stdout, &stderr
+	if err := dsec.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// Without follow: what there is so far.
+	eventually(t, 60*time.Second, func() bool {
+		got := map[string]string{}
+		_, err = c.ProcessLogs(ctx, sb.ID, pid, client.LogOptions{}, func(ev api.OutputEvent) error {
+			b, err := client.OutputBytes(ev)
+			got[ev.Stream] += string(b)
+			return err
+		})
+		return err == nil && got["stdout"] == "one\n" && got["stderr"] == "err\n"
+	})
+	sh(t, c, sb.ID, "touch /tmp/go")
+	var ee *exec.ExitError
+	if err := dsec.Wait(); !errors.As(err, &ee) || ee.ExitCode() != 4 {
+		t.Fatalf("dsec sandbox logs -f: %v, stderr %q", err, stderr.String())
+	}
+	if stdout.String() != "one\ntwo\n" || stderr.String() != "err\n" {
+		t.Fatalf("dsec sandbox logs -f: stdout %q stderr %q", stdout.String(), stderr.String())
+	}
+	exit, err := c.ProcessLogs(ctx, sb.ID, pid, client.LogOptions{Stream: "stdout", Offset: 4, Follow: true}, func(ev api.OutputEvent) error {
+		if *ev.Data != "two\n" || ev.Offset != 4 {
+			t.Errorf("from offset 4: %+v", ev)
+		}
+		return nil
+	})
+	if err != nil || exit == nil || exit.ExitCode != 4 {
+		t.Fatalf("follow an exited process: %+v %v", exit, err)
+	}
+}

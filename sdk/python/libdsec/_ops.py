@@ -307,3 +307,15 @@ def set_quota(tenant_id: str, sandboxes: int, cpu: float, memory_mb: int) -> Req
     if memory_mb:
         body["memory_mb"] = int(memory_mb)
     return jreq("PUT", tenant_path(tenant_id, "quota"), body)
+
+
+def logs_query(stream: Optional[str], offset: int, stderr_offset: int, follow: bool) -> List[Tuple[str, str]]:
+    """The query of a process log read (NDJSON)."""
+    q = [("offset", str(int(offset)))]
+    if stream:
+        q.append(("stream", stream))
+    else:
+        q.append(("stderr_offset", str(int(stderr_offset))))
+    if follow:
+        q.append(("follow", "1"))
+    return q

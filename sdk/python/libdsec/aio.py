@@ -18,7 +18,7 @@ from ._retry import delay, should_retry
 from .client import ProgressArg, progress_bar
 from .errors import ApiError, DsecError, error_from_response
 from .models import (BatchItem, BatchProgress, ExecResult, FileInfo, Layer, OutputChunk, OutputPage, Pool as PoolInfo,
-                     ProcessInfo, Profile, SandboxInfo, parse_exec_event)
+                     ProcessInfo, Profile, SandboxInfo, parse_exec_event, parse_output_event)
 
 __all__ = ["AsyncClient", "AsyncSandbox", "AsyncProcess", "AsyncExecStream", "AsyncBatchResult"]
 
@@ -441,6 +441,23 @@ class AsyncProcess:
         try:
             async for chunk in resp.iter_chunks(timeout):
                 yield chunk
+        finally:
+            resp.close()
+
+    async def logs(self, *, follow: bool = False, stream: Optional[str] = None, offset: int = 0,
+                   stderr_offset: int = 0, timeout: float = 3600.0) -> AsyncIterator[OutputChunk]:
+        """See :meth:`libdsec.Process.logs`."""
+        req = _ops.jreq("GET", self._path("output"), query=_ops.logs_query(stream, offset, stderr_offset, follow),
+                        timeout=timeout)
+        req.headers["Accept"] = "application/x-ndjson"
+        resp = await self.sandbox.client._send(req)
+        try:
+            async for line in resp.iter_lines(timeout):
+                ev = parse_output_event(json.loads(line))
+                if isinstance(ev, OutputChunk):
+                    yield ev
+                elif isinstance(ev, ExecResult):
+                    await self.refresh()
         finally:
             resp.close()
 

@@ -21,7 +21,7 @@ from ._websocket import WebSocket
 from ._retry import delay, should_retry
 from .errors import ApiError, DsecError, error_from_response
 from .models import (BatchItem, BatchProgress, ExecResult, FileInfo, Layer, OutputChunk, OutputPage, Pool as PoolInfo,
-                     ProcessInfo, Profile, SandboxInfo, parse_exec_event)
+                     ProcessInfo, Profile, SandboxInfo, parse_exec_event, parse_output_event)
 
 __all__ = ["Client", "Sandbox", "Process", "ExecStream", "BatchResult", "progress_bar"]
 
@@ -604,6 +604,24 @@ class Process:
                     break
                 yield chunk
             resp._finish()
+
+    def logs(self, *, follow: bool = False, stream: Optional[str] = None, offset: int = 0, stderr_offset: int = 0,
+             timeout: float = 3600.0) -> Iterator[OutputChunk]:
+        """Yields its stdout and stderr (or ``stream`` alone) as
+        :class:`OutputChunk` (with ``.offset``, to resume from) from the
+        offsets on; with ``follow`` until it exits, then ``info`` holds its
+        result. Any client of the tenant may read them, while it runs."""
+        req = _ops.jreq("GET", self._path("output"), query=_ops.logs_query(stream, offset, stderr_offset, follow),
+                        timeout=timeout)
+        req.headers["Accept"] = "application/x-ndjson"
+        resp = self.sandbox.client._send(req)
+        with resp:
+            for line in resp.iter_lines(timeout):
+                ev = parse_output_event(json.loads(line))
+                if isinstance(ev, OutputChunk):
+                    yield ev
+                elif isinstance(ev, ExecResult):
+                    self.refresh()
 
     def signal(self, sig: str = "TERM") -> "Process":
         """Sends a signal (TERM, KILL, INT, HUP, QUIT, USR1, USR2) to its process group."""

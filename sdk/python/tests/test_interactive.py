@@ -82,6 +82,35 @@ class TerminalTest(unittest.TestCase):
         code, _ = asyncio.run(run())
         self.assertEqual(code, 130)
 
+    def test_logs_follow(self):
+        p = self.sb.spawn("echo one; echo err >&2; while [ ! -e /tmp/go ]; do sleep 0.05; done; echo two; exit 2")
+        other = libdsec.Client()  # any client of the tenant
+        try:
+            proc = other.sandbox(self.sb.id).process(p.id)
+            seen = {"stdout": b"", "stderr": b""}
+            for chunk in proc.logs(follow=True):
+                self.assertEqual(chunk.offset, len(seen[chunk.stream]))
+                seen[chunk.stream] += chunk.data
+                if seen == {"stdout": b"one\n", "stderr": b"err\n"}:
+                    self.sb.write_file("/tmp/go", b"")
+            self.assertEqual(seen, {"stdout": b"one\ntwo\n", "stderr": b"err\n"})
+            self.assertEqual(proc.info.result.exit_code, 2)
+            rest = list(proc.logs(stream="stdout", offset=4))
+            self.assertEqual([(c.offset, c.data) for c in rest], [(4, b"two\n")])
+        finally:
+            other.close()
+
+    def test_async_logs(self):
+        async def run():
+            async with libdsec.AsyncClient() as c:
+                sb = c.sandbox(self.sb.id)
+                p = await sb.spawn("printf 'a\\n'; sleep 0.3; printf 'b\\n'")
+                out = b""
+                async for chunk in p.logs(follow=True):
+                    out += chunk.data
+                return out, p.info.result.exit_code
+        self.assertEqual(asyncio.run(run()), (b"a\nb\n", 0))
+
 
 if __name__ == "__main__":
     unittest.main()
