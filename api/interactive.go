@@ -1,5 +1,7 @@
 package api
 
+import "time"
+
 // TTYSize is the window size of a pseudo-terminal, in characters.
 type TTYSize struct {
 	Rows int `json:"rows"`
@@ -42,4 +44,25 @@ type OutputEvent struct {
 	// (or the previous event) and Offset.
 	Skipped int64       `json:"skipped,omitempty"`
 	Exit    *ExecResult `json:"exit,omitempty"`
+}
+
+// PortTokenCookie is the cookie a signed port URL sets, so that the pages
+// it serves can load what they link to under the same port.
+const PortTokenCookie = "dsec_port_token"
+
+// PortURLRequest asks for a signed URL of a sandbox's port
+// (POST /v1/sandboxes/{id}/ports/{port}/url).
+type PortURLRequest struct {
+	// TTLSeconds is how long the URL works: default 3600, at most 86400.
+	TTLSeconds int64 `json:"ttl_seconds,omitempty"`
+	// Path is the path under the port the URL opens (default "/").
+	Path string `json:"path,omitempty"`
+}
+
+// PortURL is a signed URL of a sandbox's port: anyone holding it reaches
+// that port of that sandbox, and nothing else, until it expires.
+type PortURL struct {
+	URL       string    `json:"url"`
+	Token     string    `json:"token"`
+	ExpiresAt time.Time `json:"expires_at"`
 }

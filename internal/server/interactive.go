@@ -7,5 +7,5 @@ import "net/http"
 // the agent, which runs the terminal; both proxies then copy the
 // connection's bytes both ways.
 func (s *Server) terminal(w http.ResponseWriter, r *http.Request) error {
-	return s.toAgent(w, r, "/terminal")
+	return s.toAgentConn(w, r, "/terminal")
 }

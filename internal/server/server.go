@@ -14,6 +14,7 @@ package server
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -40,8 +41,11 @@ import (
 
 // Config configures the control plane.
 type Config struct {
-	Store     store.Store
-	Scheduler *scheduler.Scheduler
+	// URLSigningKey signs port URLs; replicas must share it (random, and
+	// so good for this process only, if empty).
+	URLSigningKey []byte
+	Store         store.Store
+	Scheduler     *scheduler.Scheduler
 	// Layers is the shared layer store uploads go to; TmpDir is where uploads are
 	// unpacked and built (on the same filesystem).
 	Layers *layer.Store
@@ -110,7 +114,11 @@ type Server struct {
 
 	acts  *activity
 	steps *steps
-	gates *gates
+	// urlKey signs port URLs; conns are the long-lived connections to
+	// sandboxes passed through (terminals, ports, tunnels).
+	urlKey []byte
+	conns  liveConns
+	gates  *gates
 
 	// layerMu is held shared by layer writes and exclusively by the
 	// removal of layers (see layergc.go).
@@ -166,6 +174,7 @@ func New(cfg Config) *Server {
 		cfg.NewNodeClient = edge.NewClient
 	}
 	s := &Server{
+		urlKey:  cfg.URLSigningKey,
 		cfg:     cfg,
 		store:   cfg.Store,
 		sched:   cfg.Scheduler,
@@ -177,6 +186,10 @@ func New(cfg Config) *Server {
 		steps:   newSteps(),
 		gates:   newGates(),
 		gcKick:  make(chan struct{}, 1),
+	}
+	if len(s.urlKey) == 0 {
+		s.urlKey = make([]byte, 32)
+		rand.Read(s.urlKey)
 	}
 	if cfg.FnCall.Logger == nil {
 		cfg.FnCall.Logger = cfg.Logger
@@ -274,6 +287,10 @@ func (s *Server) Handler() http.Handler {
 
 	// Interactive sandboxes: terminals, ports, live logs.
 	authed("GET /v1/sandboxes/{id}/terminal", s.terminal)
+	authed("POST /v1/sandboxes/{id}/ports/{port}/url", s.portURL)
+	authed("GET /v1/sandboxes/{id}/tcp/{port}", s.tunnel)
+	// A key or a signed URL's token: it authenticates by itself.
+	mux.Handle("/v1/sandboxes/{id}/ports/{port}/{path...}", s.instrument("/v1/sandboxes/{id}/ports/{port}/{path...}", s.portProxy))
 
 	authed("GET /v1/profiles", s.listProfiles)
 

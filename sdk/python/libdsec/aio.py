@@ -250,6 +250,17 @@ class AsyncSandbox:
                                           headers, self.client.timeout)
         return AsyncTerminal(ws)
 
+    async def port_url(self, port: int, *, path: str = "/", ttl_seconds: Optional[int] = None) -> str:
+        """See :meth:`libdsec.Sandbox.port_url`."""
+        body: Dict[str, Any] = {"path": path}
+        if ttl_seconds:
+            body["ttl_seconds"] = int(ttl_seconds)
+        return (await self.client._json(_ops.jreq("POST", _ops.sb_path(self.id, "ports", str(int(port)), "url"),
+                                                  body)))["url"]
+
+    def port_path(self, port: int, path: str = "/") -> str:
+        return _ops.sb_path(self.id, "ports", str(int(port))) + ("/" + path.lstrip("/"))
+
     async def processes(self) -> List["AsyncProcess"]:
         d = await self.client._json(_ops.jreq("GET", _ops.proc_path(self.id)))
         return [AsyncProcess(self, ProcessInfo.from_json(p)) for p in d["processes"]]

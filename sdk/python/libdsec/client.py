@@ -354,6 +354,19 @@ class Sandbox:
                                self.client.timeout)
         return Terminal(ws)
 
+    def port_url(self, port: int, *, path: str = "/", ttl_seconds: Optional[int] = None) -> str:
+        """A signed URL of ``port`` in the sandbox that works without a key
+        (in a browser) until it expires (default 1 h, at most 24 h)."""
+        body: Dict[str, Any] = {"path": path}
+        if ttl_seconds:
+            body["ttl_seconds"] = int(ttl_seconds)
+        return self.client._json(_ops.jreq("POST", _ops.sb_path(self.id, "ports", str(int(port)), "url"), body))["url"]
+
+    def port_path(self, port: int, path: str = "/") -> str:
+        """The API path that proxies HTTP and WebSockets to ``port`` (use
+        with the client's key)."""
+        return _ops.sb_path(self.id, "ports", str(int(port))) + ("/" + path.lstrip("/"))
+
     def processes(self) -> List["Process"]:
         """Background processes, running and exited, in start order."""
         d = self.client._json(_ops.jreq("GET", _ops.proc_path(self.id)))

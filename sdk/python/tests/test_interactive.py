@@ -111,6 +111,26 @@ class TerminalTest(unittest.TestCase):
                 return out, p.info.result.exit_code
         self.assertEqual(asyncio.run(run()), (b"a\nb\n", 0))
 
+    def test_port_url(self):
+        import urllib.request
+        self.sb.exec("mkdir -p /pw && echo port-page > /pw/index.html && httpd -p 8300 -h /pw", check=True)
+        url = self.sb.port_url(8300, path="/index.html", ttl_seconds=60)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(url, timeout=30) as r:
+                    self.assertEqual(r.read(), b"port-page\n")
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+        async def run():
+            async with libdsec.AsyncClient() as c:
+                return await c.sandbox(self.sb.id).port_url(8300)
+        self.assertIn("/ports/8300/?token=", asyncio.run(run()))
+
 
 if __name__ == "__main__":
     unittest.main()
