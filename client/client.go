@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/httpapi"
 )
 
 // Client talks to a dsec server.
@@ -109,29 +110,14 @@ func (c *Client) send(req *http.Request) (*http.Response, error) {
 	return resp, nil
 }
 
-func readError(resp *http.Response) error {
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	var er api.ErrorResponse
-	if json.Unmarshal(b, &er) == nil && er.Error != nil && er.Error.Code != "" {
-		return er.Error
-	}
-	msg := strings.TrimSpace(string(b))
-	if msg == "" {
-		msg = resp.Status
-	}
-	return &api.Error{Code: api.CodeForStatus(resp.StatusCode), Message: msg}
-}
+func readError(resp *http.Response) error { return httpapi.APIError(resp, nil) }
 
 // do sends a JSON request (in may be nil) and decodes a JSON response into
 // out (which may be nil).
 func (c *Client) do(ctx context.Context, method, path string, q url.Values, in, out any) error {
-	var body io.Reader
-	if in != nil {
-		b, err := json.Marshal(in)
-		if err != nil {
-			return err
-		}
-		body = bytes.NewReader(b)
+	body, err := httpapi.JSONBody(in)
+	if err != nil {
+		return err
 	}
 	req, err := c.newRequest(ctx, method, path, q, body)
 	if err != nil {
@@ -144,12 +130,7 @@ func (c *Client) do(ctx context.Context, method, path string, q url.Values, in, 
 	if err != nil {
 		return err
 	}
-	defer resp.Body.Close()
-	if out == nil {
-		io.Copy(io.Discard, resp.Body)
-		return nil
-	}
-	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+	if err := httpapi.ReadJSON(resp.Body, out); err != nil {
 		return fmt.Errorf("decode %s %s response: %w", method, path, err)
 	}
 	return nil

@@ -97,9 +97,8 @@ func (n *nodeFlags) agentBinary() (string, error) {
 
 // nodeLayers starts (or finds) the node's blobfs and returns the layers of
 // the store at storeLoc ("" for the local store of the all-in-one server,
-// localStore) for this node, reading older single-image layers from
-// legacy if set.
-func (n *nodeFlags) nodeLayers(ctx context.Context, dataDir, storeLoc, localStore string, st *layer.Store, legacy *layer.LocalStore, log *slog.Logger) (edge.Layers, error) {
+// localStore) for this node.
+func (n *nodeFlags) nodeLayers(ctx context.Context, dataDir, storeLoc, localStore string, st *layer.Store, log *slog.Logger) (edge.Layers, error) {
 	if err := n.layers.validate(); err != nil {
 		return nil, err
 	}
@@ -122,9 +121,6 @@ func (n *nodeFlags) nodeLayers(ctx context.Context, dataDir, storeLoc, localStor
 	cfg := edge.StoreLayersConfig{
 		Store: st, Dir: layerDir, Blobfs: blobfs.MountDir(bfsDir),
 		Mode: n.layers.mode, DirectBelow: n.layers.directBelow, Logger: log,
-	}
-	if legacy != nil {
-		cfg.Legacy = legacy
 	}
 	return edge.NewStoreLayers(cfg)
 }
@@ -157,7 +153,7 @@ func (n *nodeFlags) startEdge(ctx context.Context, dataDir string, layers edge.L
 	}
 	ecfg := edge.Config{NodeID: n.nodeID, Backends: backends, Layers: layers, Logger: log,
 		Capacity: api.Resources{CPU: n.cpu, MemoryMB: n.memoryMB}}
-	if p, ok := layers.(edge.Packer); ok {
+	if p, ok := layers.(*edge.StoreLayers); ok {
 		ecfg.Packer = p
 	}
 	e, err := edge.New(ctx, ecfg)
@@ -247,12 +243,6 @@ func serverCmd(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	// Layers stored by earlier versions, one EROFS image each, stay
-	// readable; new ones go to the chunked store.
-	legacy, err := layer.NewLocalStore(filepath.Join(dataDir, "layers"))
-	if err != nil {
-		return err
-	}
 	if *ckptKept < 1 {
 		return errors.New("--trajectory-checkpoints must be at least 1")
 	}
@@ -278,7 +268,7 @@ func serverCmd(ctx context.Context, args []string) error {
 		CheckpointsKept: *ckptKept, KeepLayerObjects: *db != "",
 	})
 	if *localEdge {
-		nodeLayers, err := nf.nodeLayers(ctx, filepath.Join(dataDir, "edge"), *storeLoc, localStore, layers, legacy, log)
+		nodeLayers, err := nf.nodeLayers(ctx, filepath.Join(dataDir, "edge"), *storeLoc, localStore, layers, log)
 		if err != nil {
 			return err
 		}
@@ -351,7 +341,6 @@ func edgeCmd(ctx context.Context, args []string) error {
 	listen := fs.String("listen", "127.0.0.1:7071", "edge API address")
 	data := fs.String("data", "/var/lib/dsec-edge", "node-local data directory")
 	storeLoc := fs.String("store", "", "layer store shared with the control plane: a directory on a shared mount, or s3://ACCESS:SECRET@HOST:PORT/BUCKET[/PREFIX]")
-	legacyDir := fs.String("legacy-store", "", "directory of layers stored by earlier dsec versions as single EROFS images (optional)")
 	join := fs.String("join", os.Getenv("DSEC_JOIN"), "control plane URL to join and heartbeat to ($DSEC_JOIN)")
 	advertise := fs.String("advertise", "", "URL the control plane reaches this edge at (default: http://<listen address>)")
 	token := fs.String("token", os.Getenv("DSEC_EDGE_TOKEN"), "with --join: the cluster token; without: the bearer token the control plane must send ($DSEC_EDGE_TOKEN)")
@@ -373,13 +362,7 @@ func edgeCmd(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	var legacy *layer.LocalStore
-	if *legacyDir != "" {
-		if legacy, err = layer.NewLocalStore(*legacyDir); err != nil {
-			return err
-		}
-	}
-	layers, err := nf.nodeLayers(ctx, *data, *storeLoc, "", st, legacy, log)
+	layers, err := nf.nodeLayers(ctx, *data, *storeLoc, "", st, log)
 	if err != nil {
 		return err
 	}

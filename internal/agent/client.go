@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/errdefs"
+	"github.com/dsec-project/dsec/internal/httpapi"
 )
 
 // agentHost names the agent in request URLs. It is a placeholder: the
@@ -120,8 +120,7 @@ func (c *Client) call(ctx context.Context, method, path string, in, out any) err
 	if err != nil {
 		return err
 	}
-	defer resp.Body.Close()
-	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+	if err := httpapi.ReadJSON(resp.Body, out); err != nil {
 		return readError(ctx, err)
 	}
 	return nil
@@ -129,13 +128,9 @@ func (c *Client) call(ctx context.Context, method, path string, in, out any) err
 
 // send sends a request and turns a failure status into the agent's error.
 func (c *Client) send(ctx context.Context, method, path string, in any, accept string) (*http.Response, error) {
-	var body io.Reader
-	if in != nil {
-		b, err := json.Marshal(in)
-		if err != nil {
-			return nil, fmt.Errorf("agent %s %s: encode request: %w", method, path, err)
-		}
-		body = bytes.NewReader(b)
+	body, err := httpapi.JSONBody(in)
+	if err != nil {
+		return nil, fmt.Errorf("agent %s %s: encode request: %w", method, path, err)
 	}
 	req, err := http.NewRequestWithContext(ctx, method, "http://"+agentHost+path, body)
 	if err != nil {
@@ -159,15 +154,9 @@ func (c *Client) send(ctx context.Context, method, path string, in any, accept s
 // ResponseError turns an agent's failure response into an error of its
 // class, whether or not it carried an error body.
 func ResponseError(resp *http.Response) error {
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	var er api.ErrorResponse
-	if json.Unmarshal(b, &er) == nil && er.Error != nil && er.Error.Code != "" {
-		return errdefs.FromAPI(er.Error)
-	}
-	return errdefs.FromAPI(&api.Error{
-		Code:    api.CodeForStatus(resp.StatusCode),
-		Message: fmt.Sprintf("agent answered %s: %s", resp.Status, bytes.TrimSpace(b)),
-	})
+	return errdefs.FromAPI(httpapi.APIError(resp, func(status, body string) string {
+		return fmt.Sprintf("agent answered %s: %s", status, body)
+	}))
 }
 
 // readError classes a failure to talk to the agent: the caller's deadline

@@ -1,9 +1,7 @@
 package edge
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -18,24 +16,15 @@ import (
 // JSON answer into out (if not nil). It is how the control plane runs
 // commands it must see the result of, such as trajectory steps.
 func (c *Client) AgentJSON(ctx context.Context, id, method, path string, q url.Values, in, out any) error {
-	var body io.Reader
-	if in != nil {
-		b, err := json.Marshal(in)
-		if err != nil {
-			return err
-		}
-		body = bytes.NewReader(b)
+	body, err := httpapi.JSONBody(in)
+	if err != nil {
+		return err
 	}
 	resp, err := c.agent(ctx, id, method, path, q, body)
 	if err != nil {
 		return err
 	}
-	defer resp.Body.Close()
-	if out == nil {
-		io.Copy(io.Discard, resp.Body)
-		return nil
-	}
-	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+	if err := httpapi.ReadJSON(resp.Body, out); err != nil {
 		return fmt.Errorf("agent %s %s: decode: %w: %w", method, path, err, errdefs.ErrUnavailable)
 	}
 	return nil

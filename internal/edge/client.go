@@ -1,11 +1,8 @@
 package edge
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -74,13 +71,9 @@ func NewClientTransport(base, token string, rt http.RoundTripper) (*Client, erro
 }
 
 func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
-	var body io.Reader
-	if in != nil {
-		b, err := json.Marshal(in)
-		if err != nil {
-			return err
-		}
-		body = bytes.NewReader(b)
+	body, err := httpapi.JSONBody(in)
+	if err != nil {
+		return err
 	}
 	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
 	if err != nil {
@@ -96,15 +89,11 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	if err != nil {
 		return fmt.Errorf("edge %s %s: %w: %w", method, path, err, errdefs.ErrUnavailable)
 	}
-	defer resp.Body.Close()
 	if resp.StatusCode >= 300 {
+		defer resp.Body.Close()
 		return httpapi.ReadError(resp)
 	}
-	if out == nil {
-		io.Copy(io.Discard, resp.Body)
-		return nil
-	}
-	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+	if err := httpapi.ReadJSON(resp.Body, out); err != nil {
 		return fmt.Errorf("edge %s %s: decode: %w", method, path, err)
 	}
 	return nil

@@ -15,6 +15,7 @@ import (
 	"net"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -29,14 +30,6 @@ type Layers interface {
 	// Fetch returns the files of the layer with the digest on this node:
 	// the image to mount and, for a chunked layer, its data device.
 	Fetch(ctx context.Context, digest string) (backend.Layer, error)
-}
-
-// Packer turns a sandbox's changes into a layer in the shared store.
-type Packer interface {
-	// Pack builds a layer of dirs (overlay layer directories, top first:
-	// one is packed as it is, several are squashed into one) and returns
-	// its digest and size.
-	Pack(ctx context.Context, dirs []string) (SnapshotResult, error)
 }
 
 // SnapshotResult is the layer a snapshot made.
@@ -58,8 +51,9 @@ type Config struct {
 	NodeID   string
 	Backends []backend.Backend
 	Layers   Layers
-	// Packer stores snapshots; nil means this node takes none.
-	Packer Packer
+	// Packer stores snapshots in the shared store (usually Layers
+	// itself); nil means this node takes none.
+	Packer *StoreLayers
 	// Capacity is what this node offers; zero fields are measured.
 	Capacity api.Resources
 	// Load measures the node's load for heartbeats; by default /proc and
@@ -260,18 +254,8 @@ func (e *Edge) List() []Status {
 	for id, sb := range e.sandboxes {
 		out = append(out, Status{ID: id, Backend: sb.spec.Backend, State: api.StateRunning})
 	}
-	slices.SortFunc(out, func(a, b Status) int { return cmpString(a.ID, b.ID) })
+	slices.SortFunc(out, func(a, b Status) int { return strings.Compare(a.ID, b.ID) })
 	return out
-}
-
-func cmpString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // Destroy removes a sandbox. Destroying an unknown sandbox succeeds.

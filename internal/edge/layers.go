@@ -29,11 +29,6 @@ const (
 // StoreLayersConfig configures StoreLayers.
 type StoreLayersConfig struct {
 	Store *layer.Store
-	// Legacy, if set, still serves layers stored by older versions as
-	// single EROFS images (layer.LocalStore), for digests the store lacks.
-	Legacy interface {
-		Path(digest string) (string, error)
-	}
 	// Dir is node-local: meta/<hex>.erofs (metadata images), blob/<hex>
 	// (complete blobs), manifests/<hex>.json and .prefetch (what blobfs
 	// serves).
@@ -93,6 +88,26 @@ func NewStoreLayers(cfg StoreLayersConfig) (*StoreLayers, error) {
 	return &StoreLayers{cfg: cfg, log: cfg.Logger, inflight: map[string]*layerFetch{}, ready: map[string]backend.Layer{}}, nil
 }
 
+// Cached implements CachedLayers: the layers whose metadata image is on
+// this node's disk, which a create uses without going to the store (their
+// data is on disk too, or served by blobfs from its chunk cache).
+func (s *StoreLayers) Cached() []string {
+	ents, _ := os.ReadDir(filepath.Join(s.cfg.Dir, "meta"))
+	out := []string{}
+	for _, e := range ents {
+		h, ok := strings.CutSuffix(e.Name(), ".erofs")
+		if !ok {
+			continue // a fetch under way
+		}
+		if d := "sha256:" + h; e.Type().IsRegular() {
+			if _, err := layer.ParseDigest(d); err == nil {
+				out = append(out, d)
+			}
+		}
+	}
+	return out
+}
+
 // ManifestDir is where blobfs finds the manifests of the layers it serves.
 func (s *StoreLayers) ManifestDir() string { return filepath.Join(s.cfg.Dir, "manifests") }
 
@@ -138,11 +153,6 @@ func (s *StoreLayers) fetch(ctx context.Context, digest, h string) (backend.Laye
 	metaPath := filepath.Join(s.cfg.Dir, "meta", h+".erofs")
 	manPath := filepath.Join(s.ManifestDir(), h+".json")
 	m, err := s.manifest(ctx, digest, manPath)
-	if errors.Is(err, errdefs.ErrNotFound) && s.cfg.Legacy != nil {
-		if p, lerr := s.cfg.Legacy.Path(digest); lerr == nil {
-			return backend.Layer{Digest: digest, Path: p}, nil
-		}
-	}
 	if err != nil {
 		return backend.Layer{}, err
 	}
@@ -227,7 +237,7 @@ func writeFileAtomic(path string, b []byte) error {
 	return err
 }
 
-// Pack implements Packer: one directory is built as it is; several are
+// Pack stores a snapshot (Config.Packer): one directory is built as it is; several are
 // squashed first into a scratch directory beside the store's own.
 func (s *StoreLayers) Pack(ctx context.Context, dirs []string) (SnapshotResult, error) {
 	src := dirs[0]

@@ -84,14 +84,26 @@ func DecodeJSON(r *http.Request, v any) error {
 // ReadError turns a non-2xx response into an error that matches its class
 // with errors.Is and carries the server's message.
 func ReadError(resp *http.Response) error {
+	return errdefs.FromAPI(APIError(resp, nil))
+}
+
+// APIError reads a failure response's body: the {"error": ...} it
+// carries, or else an error of the status's class whose message describe
+// makes of the status and the body (nil: the body, or the status if the
+// body is empty).
+func APIError(resp *http.Response, describe func(status, body string) string) *api.Error {
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	var er api.ErrorResponse
 	if json.Unmarshal(b, &er) == nil && er.Error != nil && er.Error.Code != "" {
-		return errdefs.FromAPI(er.Error)
+		return er.Error
 	}
-	msg := string(bytes.TrimSpace(b))
-	if msg == "" {
+	body := string(bytes.TrimSpace(b))
+	msg := body
+	switch {
+	case describe != nil:
+		msg = describe(resp.Status, body)
+	case msg == "":
 		msg = resp.Status
 	}
-	return errdefs.FromAPI(&api.Error{Code: api.CodeForStatus(resp.StatusCode), Message: msg})
+	return &api.Error{Code: api.CodeForStatus(resp.StatusCode), Message: msg}
 }

@@ -12,9 +12,8 @@
 // and stored once across all layers. FromTar chains extraction and build;
 // Squash merges overlay layer directories for flattening snapshots;
 // Store.Remove deletes layers and the chunks no other layer names;
-// MinimalBase lays out the busybox rootfs of the default base layer. Build
-// and LocalStore are the single-image format of earlier versions, still
-// read.
+// MinimalBase lays out the busybox rootfs of the default base layer; Build
+// makes one EROFS image of a directory.
 //
 // What this package must never do: write, link or change anything outside
 // the directory it was given, whatever the tar says (no path, symlink or hard

@@ -66,7 +66,7 @@ func principalFrom(ctx context.Context) principal {
 // authenticator checks API keys, caching good ones briefly so that a burst
 // of requests does not hit the database for each.
 type authenticator struct {
-	store store.Store
+	store store.TenantStore
 	ttl   time.Duration
 
 	mu    sync.Mutex
@@ -129,7 +129,7 @@ func (a *authenticator) forget(keyID string) {
 
 // Bootstrap makes sure the admin tenant exists and that keyPath holds a
 // working admin key, creating both on first start. It returns the key.
-func Bootstrap(ctx context.Context, st store.Store, keyPath string) (string, error) {
+func Bootstrap(ctx context.Context, st store.TenantStore, keyPath string) (string, error) {
 	if _, err := st.GetTenant(ctx, AdminTenant); errors.Is(err, errdefs.ErrNotFound) {
 		err := st.CreateTenant(ctx, store.Tenant{ID: AdminTenant, Name: "admin", CreatedAt: time.Now().UTC()})
 		if err != nil && !errors.Is(err, errdefs.ErrAlreadyExists) {
@@ -140,9 +140,18 @@ func Bootstrap(ctx context.Context, st store.Store, keyPath string) (string, err
 	}
 	if b, err := os.ReadFile(keyPath); err == nil {
 		key := strings.TrimSpace(string(b))
-		if id, secret, ok := strings.Cut(strings.TrimPrefix(key, keyPrefix), "_"); ok {
-			if k, err := st.GetKey(ctx, id); err == nil && k.Admin &&
-				subtle.ConstantTimeCompare(k.SecretHash, hashSecret(secret)) == 1 {
+		if id, secret, ok := strings.Cut(strings.TrimPrefix(key, keyPrefix), "_"); ok && strings.HasPrefix(key, keyPrefix) {
+			k, err := st.GetKey(ctx, id)
+			if errors.Is(err, errdefs.ErrNotFound) && id != "" && len(secret) >= 16 {
+				// A key the operator made (a Kubernetes Secret mounted on
+				// every replica): adopt it, so all replicas share one admin
+				// key and a restart does not mint another.
+				k = store.Key{ID: id, Tenant: AdminTenant, SecretHash: hashSecret(secret), Admin: true, CreatedAt: time.Now().UTC()}
+				if err = st.CreateKey(ctx, k); errors.Is(err, errdefs.ErrAlreadyExists) {
+					k, err = st.GetKey(ctx, id)
+				}
+			}
+			if err == nil && k.Admin && subtle.ConstantTimeCompare(k.SecretHash, hashSecret(secret)) == 1 {
 				return key, nil
 			}
 		}

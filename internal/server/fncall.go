@@ -232,7 +232,7 @@ func (s *Server) listPools(w http.ResponseWriter, r *http.Request) error {
 	for _, ps := range s.fncall.Pools(principalFrom(r.Context()).Tenant) {
 		out.Pools = append(out.Pools, poolView(ps))
 	}
-	slices.SortFunc(out.Pools, func(a, b api.FnCallPool) int { return cmpString(a.ID, b.ID) })
+	slices.SortFunc(out.Pools, func(a, b api.FnCallPool) int { return strings.Compare(a.ID, b.ID) })
 	httpapi.WriteJSON(w, http.StatusOK, out)
 	return nil
 }

@@ -204,13 +204,3 @@ func (s *Server) setDrain(w http.ResponseWriter, r *http.Request, drain bool) er
 	httpapi.WriteJSON(w, http.StatusOK, nodeAPI(n))
 	return nil
 }
-
-func cmpString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}

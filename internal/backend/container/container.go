@@ -16,7 +16,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -291,7 +290,7 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (err error) {
 	if err := b.start(ctx, rec); err != nil {
 		return err
 	}
-	if err := writeJSON(filepath.Join(dir, "sandbox.json"), rec); err != nil {
+	if err := backend.WriteJSONFile(filepath.Join(dir, "sandbox.json"), rec); err != nil {
 		return fmt.Errorf("create sandbox %s: %w", spec.ID, err)
 	}
 	b.log.Debug("created", "sandbox", spec.ID, "layers", t1.Sub(t0), "start", time.Since(t1))
@@ -382,7 +381,7 @@ func (b *Backend) start(ctx context.Context, rec *record) (err error) {
 		}
 		withNetwork(spec, resolv)
 	}
-	if err := writeJSON(filepath.Join(dir, "config.json"), spec); err != nil {
+	if err := backend.WriteJSONFile(filepath.Join(dir, "config.json"), spec); err != nil {
 		return fmt.Errorf("start sandbox %s: %w", id, err)
 	}
 	listener, err := listen(filepath.Join(dir, "agent.sock"))
@@ -426,7 +425,7 @@ func listen(path string) (*os.File, error) {
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, err
 	}
-	short, done, err := shortPath(path)
+	short, done, err := backend.ShortPath(path)
 	if err != nil {
 		return nil, fmt.Errorf("agent socket: %w", err)
 	}
@@ -471,32 +470,13 @@ func (b *Backend) teardown(ctx context.Context, id string, rec *record) error {
 		b.release(rec)
 		b.freeUIDs(id, rec.UIDs)
 	}
-	if len(errs) == 0 {
-		if err := os.RemoveAll(dir); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("destroy sandbox %s: %w", id, err)
-	}
-	return nil
+	return backend.FinishTeardown(id, dir, errs)
 }
 
 // Destroy implements backend.Backend.
 func (b *Backend) Destroy(ctx context.Context, id string) error {
-	b.mu.Lock()
-	rec := b.sandboxes[id]
-	delete(b.sandboxes, id)
-	b.mu.Unlock()
-	if err := b.teardown(ctx, id, rec); err != nil {
-		if rec != nil {
-			b.mu.Lock()
-			b.sandboxes[id] = rec // keep it so a retry releases the layers
-			b.mu.Unlock()
-		}
-		return err
-	}
-	return nil
+	// A failed teardown keeps the record, so a retry releases the layers.
+	return backend.Destroy(&b.mu, b.sandboxes, id, func(rec *record) error { return b.teardown(ctx, id, rec) })
 }
 
 func (b *Backend) get(id string) (*record, error) {
@@ -527,7 +507,7 @@ func (b *Backend) Resume(ctx context.Context, id string) error {
 
 // Dial implements backend.Backend.
 func (b *Backend) Dial(ctx context.Context, id string) (net.Conn, error) {
-	short, done, err := shortPath(filepath.Join(b.dir(id), "agent.sock"))
+	short, done, err := backend.ShortPath(filepath.Join(b.dir(id), "agent.sock"))
 	if err != nil {
 		return nil, fmt.Errorf("dial agent of %s: %w", id, err)
 	}
@@ -571,30 +551,4 @@ func (b *Backend) Close() error {
 		unix.Rmdir(d) // EBUSY: sandboxes live on; ENOENT/ENOTDIR: none here
 	}
 	return nil
-}
-
-// shortPath returns a name for path that fits in a sockaddr_un (108
-// bytes): the path itself if short, else the name through an O_PATH file
-// descriptor of its directory, valid until done is called.
-func shortPath(path string) (short string, done func(), err error) {
-	if len(path) < 100 {
-		return path, func() {}, nil
-	}
-	fd, err := unix.Open(filepath.Dir(path), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return "", nil, err
-	}
-	return fmt.Sprintf("/proc/self/fd/%d/%s", fd, filepath.Base(path)), func() { unix.Close(fd) }, nil
-}
-
-func writeJSON(path string, v any) error {
-	data, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
 }

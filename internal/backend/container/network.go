@@ -200,5 +200,5 @@ func (b *Backend) SetPhase(ctx context.Context, id string, p backend.Policy) err
 	b.mu.Lock()
 	rec.Spec.Phase, rec.Spec.Network, rec.Spec.Files = p.Phase, p.Network, p.Files
 	b.mu.Unlock()
-	return writeJSON(filepath.Join(b.dir(id), "sandbox.json"), rec)
+	return backend.WriteJSONFile(filepath.Join(b.dir(id), "sandbox.json"), rec)
 }

@@ -225,7 +225,7 @@ func (b *Backend) repair(ctx context.Context, rec *record) error {
 	if err := b.start(ctx, rec); err != nil {
 		return err
 	}
-	if err := writeJSON(filepath.Join(b.dir(id), "sandbox.json"), rec); err != nil {
+	if err := backend.WriteJSONFile(filepath.Join(b.dir(id), "sandbox.json"), rec); err != nil {
 		return err
 	}
 	b.mu.Lock()

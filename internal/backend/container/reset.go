@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/internal/agent"
+	"github.com/dsec-project/dsec/internal/backend"
 	"github.com/dsec-project/dsec/internal/disk"
 	"github.com/dsec-project/dsec/internal/mount"
 )
@@ -227,5 +228,5 @@ func (b *Backend) restart(ctx context.Context, id string, rec *record) error {
 		return fmt.Errorf("reset sandbox %s: %w", id, err)
 	}
 	// Its cgroup (and so its egress key) is new.
-	return writeJSON(filepath.Join(dir, "sandbox.json"), rec)
+	return backend.WriteJSONFile(filepath.Join(dir, "sandbox.json"), rec)
 }

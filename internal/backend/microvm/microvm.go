@@ -16,7 +16,6 @@ package microvm
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -345,7 +344,7 @@ func (b *Backend) boot(ctx context.Context, v *vm, freshDisk bool) (err error) {
 	if err := b.cfg.VMM.Booted(ctx, &v.Machine, p); err != nil {
 		b.log.Warn("after boot", "sandbox", id, "err", err)
 	}
-	if err := writeJSON(filepath.Join(dir, "vm.json"), v.record()); err != nil {
+	if err := backend.WriteJSONFile(filepath.Join(dir, "vm.json"), v.record()); err != nil {
 		return fmt.Errorf("boot sandbox %s: %w", id, err)
 	}
 	return nil
@@ -426,32 +425,12 @@ func (b *Backend) teardown(ctx context.Context, id string, v *vm) error {
 	if err := b.removeCgroup(id); err != nil {
 		errs = append(errs, err)
 	}
-	if len(errs) == 0 {
-		if err := os.RemoveAll(dir); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("destroy sandbox %s: %w", id, err)
-	}
-	return nil
+	return backend.FinishTeardown(id, dir, errs)
 }
 
 // Destroy implements backend.Backend.
 func (b *Backend) Destroy(ctx context.Context, id string) error {
-	b.mu.Lock()
-	v := b.vms[id]
-	delete(b.vms, id)
-	b.mu.Unlock()
-	if err := b.teardown(ctx, id, v); err != nil {
-		if v != nil {
-			b.mu.Lock()
-			b.vms[id] = v
-			b.mu.Unlock()
-		}
-		return err
-	}
-	return nil
+	return backend.Destroy(&b.mu, b.vms, id, func(v *vm) error { return b.teardown(ctx, id, v) })
 }
 
 func (b *Backend) removeCgroup(id string) error {
@@ -574,16 +553,4 @@ func (b *Backend) Close() error {
 		v.link.close()
 	}
 	return nil
-}
-
-func writeJSON(path string, v any) error {
-	data, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
 }

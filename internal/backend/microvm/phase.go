@@ -46,5 +46,5 @@ func (b *Backend) SetPhase(ctx context.Context, id string, p backend.Policy) err
 		return err
 	}
 	v.Spec.Phase, v.Spec.Network, v.Spec.Files = p.Phase, p.Network, p.Files
-	return writeJSON(filepath.Join(v.Machine.Dir, "vm.json"), v.record())
+	return backend.WriteJSONFile(filepath.Join(v.Machine.Dir, "vm.json"), v.record())
 }

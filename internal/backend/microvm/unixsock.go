@@ -6,9 +6,8 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"path/filepath"
 
-	"golang.org/x/sys/unix"
+	"github.com/dsec-project/dsec/internal/backend"
 )
 
 // ListenUnix creates a listening unix socket at path and returns it as a
@@ -19,7 +18,7 @@ func ListenUnix(path string) (*os.File, error) {
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, err
 	}
-	short, done, err := shortPath(path)
+	short, done, err := backend.ShortPath(path)
 	if err != nil {
 		return nil, fmt.Errorf("listen %s: %w", path, err)
 	}
@@ -39,25 +38,11 @@ func ListenUnix(path string) (*os.File, error) {
 
 // DialUnix connects to the unix socket at path, however long the path.
 func DialUnix(ctx context.Context, path string) (net.Conn, error) {
-	short, done, err := shortPath(path)
+	short, done, err := backend.ShortPath(path)
 	if err != nil {
 		return nil, err
 	}
 	defer done()
 	var d net.Dialer
 	return d.DialContext(ctx, "unix", short)
-}
-
-// shortPath returns a name for path that fits in a sockaddr_un: the path
-// itself if short, else the name through an O_PATH descriptor of its
-// directory, valid until done is called.
-func shortPath(path string) (short string, done func(), err error) {
-	if len(path) < 100 {
-		return path, func() {}, nil
-	}
-	fd, err := unix.Open(filepath.Dir(path), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return "", nil, err
-	}
-	return fmt.Sprintf("/proc/self/fd/%d/%s", fd, filepath.Base(path)), func() { unix.Close(fd) }, nil
 }
