@@ -16,7 +16,7 @@ import (
 
 func benchCmd(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return errors.New("usage: dsec bench create|reset|seccomp|fncall|batch|trajectory|image|microvm|cluster|soak [flags]")
+		return errors.New("usage: dsec bench create|fork|reset|seccomp|fncall|batch|trajectory|image|microvm|cluster|soak [flags]")
 	}
 	sub, args := args[0], args[1:]
 	fs := flag.NewFlagSet("dsec bench "+sub, flag.ContinueOnError)
@@ -38,6 +38,18 @@ func benchCmd(ctx context.Context, args []string) error {
 		}
 		cfg.Client = newClient()
 		return bench.Create(ctx, cfg)
+	case "fork":
+		cfg := bench.ForkConfig{Out: os.Stdout}
+		fs.StringVar(&cfg.Base, "base", "base:minimal", "base layer")
+		fs.IntVar(&cfg.Copies, "n", 8, "copies (K)")
+		fs.IntVar(&cfg.DataMB, "data-mb", 200, "MiB the parent writes before the fork")
+		fs.StringVar(&cfg.StoreDir, "store-dir", "", "the server's local layer store (<data>/store), to measure its growth")
+		fs.IntVar(&cfg.ServerPID, "server-pid", 0, "pid of the server, to count what it writes to the node's disk")
+		if _, _, err := parseArgs(fs, args); err != nil {
+			return err
+		}
+		cfg.Client = newClient()
+		return bench.Fork(ctx, cfg)
 	case "reset":
 		cfg := bench.ResetConfig{Out: os.Stdout}
 		fs.StringVar(&cfg.Base, "base", "base:minimal", "base layer")

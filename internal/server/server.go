@@ -119,6 +119,8 @@ type Server struct {
 	urlKey []byte
 	conns  liveConns
 	gates  *gates
+	// configs caches the configs of built layers (see buildresult.go).
+	configs configCache
 
 	// layerMu is held shared by layer writes and exclusively by the
 	// removal of layers (see layergc.go).
@@ -277,6 +279,7 @@ func (s *Server) Handler() http.Handler {
 	authed("/v1/sandboxes/{id}/processes/{rest...}", s.processes)
 	authed("POST /v1/sandboxes/{id}/reset", s.resetSandbox)
 	authed("POST /v1/sandboxes/{id}/snapshot", s.snapshotSandbox)
+	authed("POST /v1/sandboxes/{id}/fork", s.forkSandbox)
 	authed("POST /v1/sandboxes/{id}/pause", s.pauseSandbox)
 	authed("POST /v1/sandboxes/{id}/resume", s.resumeSandbox)
 	authed("POST /v1/sandboxes/{id}/renew", s.renewSandbox)
@@ -301,6 +304,7 @@ func (s *Server) Handler() http.Handler {
 	authed("POST /v1/layers", s.createLayer)
 	authed("GET /v1/layers", s.listLayers)
 	authed("GET /v1/layers/{ref...}", s.getLayer)
+	authed("POST /v1/layers:build", s.buildLayer)
 
 	admin("POST /v1/tenants", s.createTenant)
 	admin("GET /v1/tenants", s.listTenants)
