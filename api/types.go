@@ -217,6 +217,9 @@ type ExecRequest struct {
 	Background     bool              `json:"background,omitempty"`
 	// Tag labels a background process, to find it again in the list.
 	Tag string `json:"tag,omitempty"`
+	// TTY runs the command on a pseudo-terminal of that size: its output
+	// is one merged stream, reported as stdout.
+	TTY *TTYSize `json:"tty,omitempty"`
 }
 
 // ExecResult is the outcome of a command. Stdout and Stderr hold the bytes

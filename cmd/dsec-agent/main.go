@@ -48,9 +48,10 @@ func main() {
 		vmInit   = flag.Bool("vm-init", false, "run as a microVM's init: build the root, serve on the host link (implied as PID 1 named /init)")
 		filters  = flag.String("seccomp", "", "load `dir`/agent.bpf now and run commands under dir/command.bpf")
 		stateFD  = flag.Int("state-fd", -1, "read the state a resetting agent handed over from this `fd`")
+		maxPorts = flag.Int("max-port-conns", agent.DefaultMaxPortConns, "connections open at once to the sandbox's ports")
 	)
 	flag.Parse()
-	cfg := agent.Config{Root: *root, MaxFileBytes: *maxFile, ShutdownGrace: *grace, Version: version}
+	cfg := agent.Config{Root: *root, MaxFileBytes: *maxFile, ShutdownGrace: *grace, Version: version, MaxPortConns: *maxPorts}
 	if err := confine(&cfg, *filters, *stateFD); err != nil {
 		fmt.Fprintln(os.Stderr, "dsec-agent:", err)
 		os.Exit(1)
@@ -70,7 +71,7 @@ func main() {
 		cfg.Reexec = func(listenFD, stateFD int) error {
 			args := []string{os.Args[0], "--listen-fd", strconv.Itoa(listenFD), "--state-fd", strconv.Itoa(stateFD),
 				"--root", *root, "--max-file-bytes", strconv.FormatInt(*maxFile, 10), "--log-max-bytes", strconv.FormatInt(*logMax, 10),
-				"--shutdown-grace", grace.String(), "--seccomp", *filters}
+				"--shutdown-grace", grace.String(), "--seccomp", *filters, "--max-port-conns", strconv.Itoa(*maxPorts)}
 			// The same path: /.dsec is a read-only bind the new root has too.
 			return syscall.Exec(os.Args[0], args, os.Environ())
 		}

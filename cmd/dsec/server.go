@@ -185,6 +185,7 @@ func serverCmd(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("dsec server", flag.ContinueOnError)
 	listen := fs.String("listen", "127.0.0.1:7070", "API address")
 	data := fs.String("data", defaultDataDir(), "data directory")
+	urlKeyFile := fs.String("url-signing-key", "", "file of the secret signed port URLs are made with (default <data>/url-signing.key, created if missing); replicas must share one")
 	busybox := fs.String("busybox", "/bin/busybox", "static busybox for the default base layer base:minimal (\"\" to skip)")
 	fc := fncall.DefaultConfig
 	fs.IntVar(&fc.Min, "fncall-min", fc.Min, "warm sandboxes each FnCall pool keeps at least")
@@ -221,6 +222,9 @@ func serverCmd(ctx context.Context, args []string) error {
 	dataDir, err := filepath.Abs(*data)
 	if err != nil {
 		return err
+	}
+	if *urlKeyFile == "" {
+		*urlKeyFile = filepath.Join(dataDir, "url-signing.key")
 	}
 	for _, d := range []string{dataDir, filepath.Join(dataDir, "tmp"), filepath.Join(dataDir, "edge")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
@@ -259,8 +263,13 @@ func serverCmd(ctx context.Context, args []string) error {
 	if *diskOvercommit < 1 {
 		return errors.New("--disk-overcommit must be at least 1")
 	}
+	urlKey, err := server.LoadURLSigningKey(*urlKeyFile)
+	if err != nil {
+		return err
+	}
 	srv := server.New(server.Config{
-		Store: st, Layers: layers, TmpDir: filepath.Join(dataDir, "tmp"), Logger: log, Profiles: profiles,
+		URLSigningKey: urlKey,
+		Store:         st, Layers: layers, TmpDir: filepath.Join(dataDir, "tmp"), Logger: log, Profiles: profiles,
 		DefaultIdleTimeout: idle.Truncate(time.Second), TrajectoryRetention: *retention,
 		FnCall: fc, BatchParallel: *batchParallel, MaxSnapshotDepth: *snapDepth,
 		Scheduler: scheduler.New(sched), ClusterToken: *clusterToken, NodeTimeout: *nodeTimeout,

@@ -85,6 +85,9 @@ func prepare(req *api.ExecRequest) (*execSpec, error) {
 	if spec.env, err = mergeEnv(os.Environ(), req.Env); err != nil {
 		return nil, err
 	}
+	if spec.tty != nil && !slices.ContainsFunc(spec.env, func(kv string) bool { return strings.HasPrefix(kv, "TERM=") }) {
+		spec.env = append(spec.env, "TERM="+defaultTerm)
+	}
 	spec.argv0, spec.fail = resolve(spec.argv[0], spec.dir, spec.env)
 	return spec, nil
 }
@@ -162,6 +165,13 @@ func parse(req *api.ExecRequest) (*execSpec, error) {
 		return nil, errdefs.Invalid("tag is longer than %d bytes or has a NUL byte", maxTag)
 	}
 	spec.tag = req.Tag
+	if req.TTY != nil {
+		if err := checkTTYSize(req.TTY.Rows, req.TTY.Cols); err != nil {
+			return nil, err
+		}
+		tty := *req.TTY
+		spec.tty = &tty
+	}
 	return spec, nil
 }
 

@@ -50,6 +50,11 @@ func (c *fdConn) Read(b []byte) (int, error) {
 			}
 		}
 	}
+	if n < 0 {
+		// ReadMsgUnix passes on the syscall's -1 with an error; a Reader
+		// must not (bufio panics on it).
+		n = 0
+	}
 	return n, err
 }
 

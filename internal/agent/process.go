@@ -77,15 +77,17 @@ type execSpec struct {
 	stdin     []byte // nil: /dev/null
 	timeout   time.Duration
 	maxOutput int
-	fail      *startError // set when it cannot start: report it, do not fork
-	tag       string      // of a background process
+	fail      *startError  // set when it cannot start: report it, do not fork
+	tag       string       // of a background process
+	tty       *api.TTYSize // run on a pseudo-terminal of this size
 }
 
 // stdio are the pipes of a command: the child's ends and ours.
 type stdio struct {
 	child          [3]*os.File // stdin, stdout, stderr as the child gets them
 	stdin          *os.File    // write end of the child's stdin, or nil
-	stdout, stderr *os.File    // read ends
+	stdout, stderr *os.File    // read ends; stderr is nil on a terminal
+	pty            *os.File    // a terminal's master side (also stdout), or nil
 }
 
 func openStdio(withStdin bool) (_ *stdio, err error) {
@@ -121,7 +123,7 @@ func (s *stdio) closeChild() {
 }
 
 func (s *stdio) closeParent() {
-	for _, f := range []*os.File{s.stdin, s.stdout, s.stderr} {
+	for _, f := range []*os.File{s.stdin, s.stdout, s.stderr, s.pty} {
 		if f != nil {
 			f.Close()
 		}
@@ -148,7 +150,13 @@ func (s *Server) start(spec *execSpec, stdout, stderr io.Writer) (*command, erro
 	if spec.fail != nil {
 		return nil, spec.fail
 	}
-	pipes, err := openStdio(spec.stdin != nil)
+	var pipes *stdio
+	var err error
+	if spec.tty != nil {
+		pipes, err = openTerminal(spec.tty)
+	} else {
+		pipes, err = openStdio(spec.stdin != nil)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -159,6 +167,11 @@ func (s *Server) start(spec *execSpec, stdout, stderr io.Writer) (*command, erro
 		// so that read deadlines work on them.
 		Files: []uintptr{pipes.child[0].Fd(), pipes.child[1].Fd(), pipes.child[2].Fd()},
 		Sys:   &syscall.SysProcAttr{Setpgid: true},
+	}
+	if pipes.pty != nil {
+		// A terminal's command leads a new session (and so its own
+		// process group) whose controlling terminal is its stdin.
+		attr.Sys = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
 	}
 	started := time.Now()
 	ch, err := s.reaper.start(spec.argv0, spec.argv, attr, s.forker())
@@ -172,10 +185,16 @@ func (s *Server) start(spec *execSpec, stdout, stderr io.Writer) (*command, erro
 		_ = os.WriteFile("/proc/"+strconv.Itoa(ch.pid)+"/oom_score_adj", []byte("0"), 0)
 	}
 	c := &command{child: ch, io: pipes, started: started}
-	c.pumps.Add(2)
+	c.pumps.Add(1)
 	go c.pump(0, pipes.stdout, stdout)
-	go c.pump(1, pipes.stderr, stderr)
-	if pipes.stdin != nil {
+	if pipes.stderr != nil {
+		c.pumps.Add(1)
+		go c.pump(1, pipes.stderr, stderr)
+	}
+	if pipes.pty != nil && spec.stdin != nil {
+		// Typed into the terminal; the terminal stays open.
+		go func() { _, _ = pipes.pty.Write(spec.stdin) }()
+	} else if pipes.stdin != nil {
 		go func() {
 			// EPIPE (the child did not read it all) or closed by drain.
 			_, _ = pipes.stdin.Write(spec.stdin)
@@ -263,6 +282,9 @@ func (c *command) wait(ctx context.Context, timeout time.Duration) (timedOut boo
 func (c *command) drain() {
 	deadline := time.Now().Add(drainGrace)
 	for i, f := range []*os.File{c.io.stdout, c.io.stderr} {
+		if f == nil {
+			continue
+		}
 		c.owed[i].Store(int64(pending(f)) + c.read[i].Load() + pumpBuf)
 		_ = f.SetReadDeadline(deadline)
 	}

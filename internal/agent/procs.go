@@ -275,6 +275,10 @@ func (s *Server) handleOutput(w http.ResponseWriter, r *http.Request) {
 	if p == nil {
 		return
 	}
+	if acceptsNDJSON(r) {
+		s.handleOutputEvents(w, r, p)
+		return
+	}
 	q := r.URL.Query()
 	var o *output
 	switch q.Get("stream") {

@@ -50,6 +50,9 @@ type Config struct {
 	DropAdmin bool
 	// Filtered says the agent's own seccomp filter is loaded.
 	Filtered bool
+	// MaxPortConns bounds the connections open at once to the sandbox's
+	// ports (DefaultMaxPortConns if zero).
+	MaxPortConns int
 	// Carried is the state a previous agent handed over on a reset.
 	Carried *Carried
 	// Reexec replaces the process with a new agent serving on listenFD,
@@ -75,6 +78,7 @@ type Server struct {
 	root   int // O_PATH fd of cfg.Root
 	reaper *reaper
 	procs  *procTable
+	ports  portConns
 	http   *http.Server
 	reqs   atomic.Int64
 	// noConfine turns Landlock off (tests that run the agent outside a
@@ -104,6 +108,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxFileBytes <= 0 {
 		cfg.MaxFileBytes = 100 << 20
 	}
+	if cfg.MaxPortConns <= 0 {
+		cfg.MaxPortConns = DefaultMaxPortConns
+	}
 	if cfg.ShutdownGrace <= 0 {
 		cfg.ShutdownGrace = 2 * time.Second
 	}
@@ -115,6 +122,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("open root %s: %w", cfg.Root, err)
 	}
 	s := &Server{cfg: cfg, root: root, procs: newProcTable(), noConfine: cfg.NoConfine, cmdTasks: -1}
+	s.ports.max = int64(cfg.MaxPortConns)
 	if c := cfg.Carried; c != nil {
 		s.phase, s.files = c.Phase, c.Files
 	}
@@ -166,6 +174,9 @@ func (s *Server) routes() http.Handler {
 	}
 	mux.HandleFunc("POST /reset", s.handleReset)
 	mux.HandleFunc("POST /cgroup", s.handlePlaceCommands)
+	mux.HandleFunc("GET /terminal", s.handleTerminal)
+	mux.HandleFunc("/ports/{port}/{rest...}", s.handlePortProxy)
+	mux.HandleFunc("GET /tcp/{port}", s.handleTunnel)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, errdefs.NotFound("route %s %s", r.Method, r.URL.Path))
 	})

@@ -112,6 +112,11 @@ func serverRoutes(t *testing.T) []string {
 			// The catch-all that answers 404 for everything else.
 		case !ok && p == "/v1/sandboxes/{id}/processes/{rest...}":
 			routes = append(routes, agentProcRoutes(t)...)
+		case !ok && p == "/v1/sandboxes/{id}/ports/{port}/{path...}":
+			// The port proxy passes every method on; these are documented.
+			for _, m := range []string{"get", "post", "put", "patch", "delete"} {
+				routes = append(routes, routeKey(m, p))
+			}
 		case !ok:
 			t.Errorf("route %q takes every method: add it to this test with what it serves", p)
 		default:
@@ -168,6 +173,8 @@ func TestOpenAPISchemas(t *testing.T) {
 		"RestoreResult": api.RestoreResult{}, "TrajectoryStep": api.TrajectoryStep{},
 		"TrajectoryLog": api.TrajectoryLog{}, "ExecRequest": api.ExecRequest{}, "ExecResult": api.ExecResult{},
 		"ExecEvent": api.ExecEvent{}, "Process": api.Process{}, "ProcessList": api.ProcessList{},
+		"TTYSize": api.TTYSize{}, "TerminalMessage": api.TerminalMessage{},
+		"OutputEvent": api.OutputEvent{}, "PortURLRequest": api.PortURLRequest{}, "PortURL": api.PortURL{},
 		"FileInfo": api.FileInfo{}, "FileList": api.FileList{}, "FileWritten": api.FileWritten{},
 		"Layer": api.Layer{}, "SnapshotRequest": api.SnapshotRequest{}, "LayerList": api.LayerList{},
 		"ForkRequest": api.ForkRequest{}, "ForkResult": api.ForkResult{},

@@ -293,6 +293,7 @@ func (s *Server) destroy(ctx context.Context, sb store.Sandbox) error {
 		return nil
 	}
 	s.fncall.Forget(sb.API.ID)
+	defer s.conns.closeAll(sb.API.ID)
 	if sb.API.State != api.StateLost {
 		n, err := s.nodes.get(sb.API.Node)
 		if err != nil {

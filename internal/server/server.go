@@ -14,6 +14,7 @@ package server
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -41,8 +42,11 @@ import (
 
 // Config configures the control plane.
 type Config struct {
-	Store     store.Store
-	Scheduler *scheduler.Scheduler
+	// URLSigningKey signs port URLs; replicas must share it (random, and
+	// so good for this process only, if empty).
+	URLSigningKey []byte
+	Store         store.Store
+	Scheduler     *scheduler.Scheduler
 	// Layers is the shared layer store uploads go to; TmpDir is where uploads are
 	// unpacked and built (on the same filesystem).
 	Layers *layer.Store
@@ -113,7 +117,11 @@ type Server struct {
 
 	acts  *activity
 	steps *steps
-	gates *gates
+	// urlKey signs port URLs; conns are the long-lived connections to
+	// sandboxes passed through (terminals, ports, tunnels).
+	urlKey []byte
+	conns  liveConns
+	gates  *gates
 	// configs caches the configs of built layers (see buildresult.go).
 	configs configCache
 
@@ -174,6 +182,7 @@ func New(cfg Config) *Server {
 		cfg.NewNodeClient = edge.NewClient
 	}
 	s := &Server{
+		urlKey:  cfg.URLSigningKey,
 		cfg:     cfg,
 		store:   cfg.Store,
 		sched:   cfg.Scheduler,
@@ -189,6 +198,10 @@ func New(cfg Config) *Server {
 		admission: admission.New(admissionPoll),
 	}
 	s.registerAdmissionMetrics()
+	if len(s.urlKey) == 0 {
+		s.urlKey = make([]byte, 32)
+		rand.Read(s.urlKey)
+	}
 	if cfg.FnCall.Logger == nil {
 		cfg.FnCall.Logger = cfg.Logger
 	}
@@ -283,6 +296,14 @@ func (s *Server) Handler() http.Handler {
 	authed("DELETE /v1/trajectories/{id...}", s.deleteTrajectory)
 	authed("POST /v1/trajectories:restore", s.restoreTrajectory)
 	authed("PUT /v1/sandboxes/{id}/phase", s.setPhase)
+
+	// Interactive sandboxes: terminals, ports, live logs.
+	authed("GET /v1/sandboxes/{id}/terminal", s.terminal)
+	authed("POST /v1/sandboxes/{id}/ports/{port}/url", s.portURL)
+	authed("GET /v1/sandboxes/{id}/tcp/{port}", s.tunnel)
+	// A key or a signed URL's token: it authenticates by itself.
+	mux.Handle("/v1/sandboxes/{id}/ports/{port}/{path...}", s.instrument("/v1/sandboxes/{id}/ports/{port}/{path...}", s.portProxy))
+
 	authed("GET /v1/profiles", s.listProfiles)
 
 	authed("POST /v1/fncall", s.fncallCall)

@@ -18,6 +18,7 @@ message. Every call has a timeout; idempotent calls are retried with backoff
 on 429, 503 and broken connections.
 """
 
+from ._terminal import AsyncTerminal, Terminal
 from .aio import AsyncBatchResult, AsyncClient, AsyncExecStream, AsyncProcess, AsyncSandbox
 from .client import BatchResult, Client, ExecStream, Process, Sandbox, progress_bar
 from .errors import (AlreadyExistsError, ApiError, DeadlineExceededError, DsecConnectionError, DsecError,
@@ -32,6 +33,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Client", "Sandbox", "Process", "ExecStream", "BatchResult", "progress_bar",
     "AsyncClient", "AsyncSandbox", "AsyncProcess", "AsyncExecStream", "AsyncBatchResult",
+    "Terminal", "AsyncTerminal",
     "DsecError", "ApiError", "InvalidArgumentError", "UnauthenticatedError", "PermissionDeniedError",
     "NotFoundError", "AlreadyExistsError", "FailedPreconditionError", "TooLargeError", "ResourceExhaustedError",
     "DeadlineExceededError", "UnavailableError", "InternalError", "DsecConnectionError", "DsecTimeoutError",

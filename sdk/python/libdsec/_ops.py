@@ -175,6 +175,7 @@ def exec_body(
     max_output_bytes: Optional[int] = None,
     trajectory: Union[Trajectory, Tuple[str, int], Tuple[str, int, int], Mapping[str, Any], None] = None,
     background: bool = False,
+    tty: Optional[Tuple[int, int]] = None,
 ) -> Dict[str, Any]:
     """The JSON of an exec: ``cmd`` is a shell string or an argv list."""
     d: Dict[str, Any] = {}
@@ -204,6 +205,8 @@ def exec_body(
             d["trajectory"] = dict(trajectory)
     if background:
         d["background"] = True
+    if tty is not None:
+        d["tty"] = {"rows": int(tty[0]), "cols": int(tty[1])}
     return d
 
 
@@ -389,3 +392,15 @@ def set_quota(tenant_id: str, sandboxes: int, cpu: float, memory_mb: int) -> Req
     if memory_mb:
         body["memory_mb"] = int(memory_mb)
     return jreq("PUT", tenant_path(tenant_id, "quota"), body)
+
+
+def logs_query(stream: Optional[str], offset: int, stderr_offset: int, follow: bool) -> List[Tuple[str, str]]:
+    """The query of a process log read (NDJSON)."""
+    q = [("offset", str(int(offset)))]
+    if stream:
+        q.append(("stream", stream))
+    else:
+        q.append(("stderr_offset", str(int(stderr_offset))))
+    if follow:
+        q.append(("follow", "1"))
+    return q

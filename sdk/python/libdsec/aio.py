@@ -7,16 +7,18 @@ import asyncio
 import json
 import os
 import time
-from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _ops
+from ._terminal import AsyncTerminal, terminal_target
+from ._websocket import AsyncWebSocket
 from ._admin import AsyncAdminCalls
 from ._asynchttp import AsyncPool, AsyncResponse
 from ._retry import delay, should_retry
 from .client import ProgressArg, progress_bar
 from .errors import ApiError, DsecError, error_from_response
 from .models import (BatchItem, BatchProgress, ExecResult, FileInfo, Layer, OutputChunk, OutputPage, Pool as PoolInfo,
-                     ProcessInfo, Profile, SandboxInfo, parse_exec_event)
+                     ProcessInfo, Profile, SandboxInfo, parse_exec_event, parse_output_event)
 
 __all__ = ["AsyncClient", "AsyncSandbox", "AsyncProcess", "AsyncExecStream", "AsyncBatchResult"]
 
@@ -233,9 +235,9 @@ class AsyncSandbox:
     async def exec(self, cmd: _ops.Cmd, *, timeout: Optional[float] = None,
                    env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
                    stdin: Union[str, bytes, None] = None, max_output_bytes: Optional[int] = None,
-                   trajectory: Any = None, check: bool = False) -> ExecResult:
+                   trajectory: Any = None, check: bool = False, tty: Optional[Tuple[int, int]] = None) -> ExecResult:
         body = _ops.exec_body(cmd, env=env, cwd=cwd, stdin=stdin, timeout=timeout,
-                              max_output_bytes=max_output_bytes, trajectory=trajectory)
+                              max_output_bytes=max_output_bytes, trajectory=trajectory, tty=tty)
         res = ExecResult.from_json(await self.client._json(_ops.exec_(self.id, body, timeout, False)))
         return res.check() if check else res
 
@@ -257,6 +259,25 @@ class AsyncSandbox:
         res = ExecResult.from_json(await self.client._json(_ops.exec_(self.id, body, 30.0, False)))
         assert res.process is not None
         return AsyncProcess(self, res.process)
+
+    async def terminal(self, cmd: Union[str, Sequence[str], None] = None, *, rows: int = 24, cols: int = 80,
+                       cwd: Optional[str] = None, env: Optional[Mapping[str, str]] = None) -> AsyncTerminal:
+        """Opens an interactive terminal; see :meth:`libdsec.Sandbox.terminal`."""
+        headers = {"Authorization": "Bearer " + self.client.api_key} if self.client.api_key else {}
+        ws = await AsyncWebSocket.connect(self.client.url, terminal_target(self.id, cmd, cwd, env, rows, cols),
+                                          headers, self.client.timeout)
+        return AsyncTerminal(ws)
+
+    async def port_url(self, port: int, *, path: str = "/", ttl_seconds: Optional[int] = None) -> str:
+        """See :meth:`libdsec.Sandbox.port_url`."""
+        body: Dict[str, Any] = {"path": path}
+        if ttl_seconds:
+            body["ttl_seconds"] = int(ttl_seconds)
+        return (await self.client._json(_ops.jreq("POST", _ops.sb_path(self.id, "ports", str(int(port)), "url"),
+                                                  body)))["url"]
+
+    def port_path(self, port: int, path: str = "/") -> str:
+        return _ops.sb_path(self.id, "ports", str(int(port))) + ("/" + path.lstrip("/"))
 
     async def processes(self) -> List["AsyncProcess"]:
         d = await self.client._json(_ops.jreq("GET", _ops.proc_path(self.id)))
@@ -460,6 +481,23 @@ class AsyncProcess:
         try:
             async for chunk in resp.iter_chunks(timeout):
                 yield chunk
+        finally:
+            resp.close()
+
+    async def logs(self, *, follow: bool = False, stream: Optional[str] = None, offset: int = 0,
+                   stderr_offset: int = 0, timeout: float = 3600.0) -> AsyncIterator[OutputChunk]:
+        """See :meth:`libdsec.Process.logs`."""
+        req = _ops.jreq("GET", self._path("output"), query=_ops.logs_query(stream, offset, stderr_offset, follow),
+                        timeout=timeout)
+        req.headers["Accept"] = "application/x-ndjson"
+        resp = await self.sandbox.client._send(req)
+        try:
+            async for line in resp.iter_lines(timeout):
+                ev = parse_output_event(json.loads(line))
+                if isinstance(ev, OutputChunk):
+                    yield ev
+                elif isinstance(ev, ExecResult):
+                    await self.refresh()
         finally:
             resp.close()
 

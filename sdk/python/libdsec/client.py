@@ -11,15 +11,17 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _ops
 from ._admin import AdminCalls
 from ._http import Pool, Response
+from ._terminal import Terminal, terminal_target
+from ._websocket import WebSocket
 from ._retry import delay, should_retry
 from .errors import ApiError, DsecError, error_from_response
 from .models import (BatchItem, BatchProgress, ExecResult, FileInfo, Layer, OutputChunk, OutputPage, Pool as PoolInfo,
-                     ProcessInfo, Profile, SandboxInfo, parse_exec_event)
+                     ProcessInfo, Profile, SandboxInfo, parse_exec_event, parse_output_event)
 
 __all__ = ["Client", "Sandbox", "Process", "ExecStream", "BatchResult", "progress_bar"]
 
@@ -326,17 +328,18 @@ class Sandbox:
 
     def exec(self, cmd: _ops.Cmd, *, timeout: Optional[float] = None, env: Optional[Mapping[str, str]] = None,
              cwd: Optional[str] = None, stdin: Union[str, bytes, None] = None, max_output_bytes: Optional[int] = None,
-             trajectory: Any = None, check: bool = False) -> ExecResult:
+             trajectory: Any = None, check: bool = False, tty: Optional[Tuple[int, int]] = None) -> ExecResult:
         """Runs a command and waits for it.
 
         ``cmd`` is a shell string (``/bin/sh -c``) or an argv list; ``timeout``
         in seconds kills it (server default 600); ``trajectory=(id, step)``
         keys it into the trajectory log (``(id, step, k)`` also asks for a
         checkpoint every k steps). ``check=True`` raises
-        :class:`libdsec.ExecError` unless it exits 0.
+        :class:`libdsec.ExecError` unless it exits 0. ``tty=(rows, cols)``
+        runs it on a pseudo-terminal: its output is one stream, in stdout.
         """
         body = _ops.exec_body(cmd, env=env, cwd=cwd, stdin=stdin, timeout=timeout,
-                              max_output_bytes=max_output_bytes, trajectory=trajectory)
+                              max_output_bytes=max_output_bytes, trajectory=trajectory, tty=tty)
         res = ExecResult.from_json(self.client._json(_ops.exec_(self.id, body, timeout, False)))
         return res.check() if check else res
 
@@ -363,6 +366,28 @@ class Sandbox:
         res = ExecResult.from_json(self.client._json(_ops.exec_(self.id, body, 30.0, False)))
         assert res.process is not None, "a background exec answers with a process"
         return Process(self, res.process)
+
+    def terminal(self, cmd: Union[str, Sequence[str], None] = None, *, rows: int = 24, cols: int = 80,
+                 cwd: Optional[str] = None, env: Optional[Mapping[str, str]] = None) -> Terminal:
+        """Opens an interactive terminal running ``cmd`` (default: the
+        sandbox's shell) on a pseudo-terminal of ``rows`` x ``cols``."""
+        headers = {"Authorization": "Bearer " + self.client.api_key} if self.client.api_key else {}
+        ws = WebSocket.connect(self.client.url, terminal_target(self.id, cmd, cwd, env, rows, cols), headers,
+                               self.client.timeout)
+        return Terminal(ws)
+
+    def port_url(self, port: int, *, path: str = "/", ttl_seconds: Optional[int] = None) -> str:
+        """A signed URL of ``port`` in the sandbox that works without a key
+        (in a browser) until it expires (default 1 h, at most 24 h)."""
+        body: Dict[str, Any] = {"path": path}
+        if ttl_seconds:
+            body["ttl_seconds"] = int(ttl_seconds)
+        return self.client._json(_ops.jreq("POST", _ops.sb_path(self.id, "ports", str(int(port)), "url"), body))["url"]
+
+    def port_path(self, port: int, path: str = "/") -> str:
+        """The API path that proxies HTTP and WebSockets to ``port`` (use
+        with the client's key)."""
+        return _ops.sb_path(self.id, "ports", str(int(port))) + ("/" + path.lstrip("/"))
 
     def processes(self) -> List["Process"]:
         """Background processes, running and exited, in start order."""
@@ -630,6 +655,24 @@ class Process:
                     break
                 yield chunk
             resp._finish()
+
+    def logs(self, *, follow: bool = False, stream: Optional[str] = None, offset: int = 0, stderr_offset: int = 0,
+             timeout: float = 3600.0) -> Iterator[OutputChunk]:
+        """Yields its stdout and stderr (or ``stream`` alone) as
+        :class:`OutputChunk` (with ``.offset``, to resume from) from the
+        offsets on; with ``follow`` until it exits, then ``info`` holds its
+        result. Any client of the tenant may read them, while it runs."""
+        req = _ops.jreq("GET", self._path("output"), query=_ops.logs_query(stream, offset, stderr_offset, follow),
+                        timeout=timeout)
+        req.headers["Accept"] = "application/x-ndjson"
+        resp = self.sandbox.client._send(req)
+        with resp:
+            for line in resp.iter_lines(timeout):
+                ev = parse_output_event(json.loads(line))
+                if isinstance(ev, OutputChunk):
+                    yield ev
+                elif isinstance(ev, ExecResult):
+                    self.refresh()
 
     def signal(self, sig: str = "TERM") -> "Process":
         """Sends a signal (TERM, KILL, INT, HUP, QUIT, USR1, USR2) to its process group."""

@@ -140,10 +140,21 @@ class OutputChunk:
 
     stream: str  # "stdout" or "stderr"
     data: bytes
+    #: where ``data`` starts in its stream (process logs; 0 for an exec)
+    offset: int = 0
 
     @property
     def text(self) -> str:
         return self.data.decode("utf-8", "replace")
+
+
+def parse_output_event(d: Dict[str, Any]) -> Any:
+    """One NDJSON process log event: an OutputChunk, or the final ExecResult."""
+    if d.get("exit") is not None:
+        return ExecResult.from_json(d["exit"])
+    if d.get("data") is not None:
+        return OutputChunk(d.get("stream", "stdout"), _b(d["data"], d.get("encoding")), int(d.get("offset", 0)))
+    return None
 
 
 def parse_exec_event(d: Dict[str, Any]) -> Any:
