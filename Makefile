@@ -6,6 +6,7 @@
 #                      debian:12 (Debian bookworm + python3, pip, git) with
 #                      debootstrap and upload it
 #   make guest-kernel   fetch the microVM guest kernel (also done by run and test)
+#   make vm-image       build the small bootable vm image the fullvm tests boot (also done by test)
 
 GO      ?= go
 DATA    ?= .dsec
@@ -13,7 +14,7 @@ LISTEN  ?= 127.0.0.1:7070
 # Debian packages dsec needs on a node, and the tests beside: PostgreSQL
 # (the HA store's tests start private servers), util-linux (nsenter) and
 # iproute2 (the multi-host test's network namespaces).
-DEBS    := runc erofs-utils busybox-static fuse3 iproute2 util-linux postgresql python3 e2fsprogs nftables debootstrap git qemu-system-x86
+DEBS    := runc erofs-utils busybox-static fuse3 iproute2 util-linux postgresql python3 e2fsprogs nftables debootstrap git qemu-system-x86 qemu-utils
 # Go tools the tests run (a real S3 server), built into bin/.
 VERSITYGW := github.com/versity/versitygw/cmd/versitygw@v1.8.0
 # The microVM guest kernel: Debian's cloud kernel, unpacked (never committed).
@@ -21,7 +22,7 @@ GUEST_KERNEL_PKG ?= linux-image-cloud-amd64
 GUEST_KERNEL     := bin/guest-kernel
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: all build run test deps tools check-go clean debian-base guest-kernel
+.PHONY: all build run test deps tools check-go clean debian-base guest-kernel vm-image
 
 all: build
 
@@ -59,10 +60,21 @@ $(GUEST_KERNEL)/.done:
 	dpkg-deb -x $$deb $$tmp/x; mv $$tmp/x/boot $$tmp/x/lib $(GUEST_KERNEL)/; \
 	echo "$$pkg" > $@
 
+# vm-image builds the small vm layer the fullvm backend's tests boot:
+# debootstrap minbase bookworm with the cloud kernel, systemd and the
+# dsec-agent of this tree as a unit, as a qcow2 disk (bin/, never
+# committed). It is kept until `make clean`: after changing the agent,
+# remove it to rebuild.
+VM_IMAGE := bin/vm-debian-12.qcow2
+vm-image: $(VM_IMAGE)
+
+$(VM_IMAGE): | build
+	./bin/dsec layer build --vm --debootstrap bookworm --output $@
+
 run: deps build guest-kernel
 	./bin/dsec server --data $(DATA) --listen $(LISTEN)
 
-test: deps tools build guest-kernel
+test: deps tools build guest-kernel vm-image
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 30m ./...
 

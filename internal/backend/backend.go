@@ -115,3 +115,11 @@ type Usage struct {
 type UsageReporter interface {
 	Usage(ctx context.Context) (Usage, error)
 }
+
+// DiskSnapshotter is implemented by backends whose sandboxes are whole
+// disks (fullvm): a snapshot is a standalone disk image, stored as a new
+// vm layer, instead of a directory of changes. pack reads the image at
+// path, which is removed when SnapshotDisk returns.
+type DiskSnapshotter interface {
+	SnapshotDisk(ctx context.Context, id string, pack func(ctx context.Context, path string) error) error
+}

@@ -39,6 +39,11 @@ type Packer interface {
 	Pack(ctx context.Context, dirs []string) (SnapshotResult, error)
 }
 
+// DiskPacker stores the disk image of a full VM's snapshot as a vm layer.
+type DiskPacker interface {
+	PackDisk(ctx context.Context, path string) (SnapshotResult, error)
+}
+
 // SnapshotResult is the layer a snapshot made.
 type SnapshotResult struct {
 	Digest string `json:"digest"`
@@ -310,6 +315,17 @@ func (e *Edge) Snapshot(ctx context.Context, id string, req SnapshotRequest) (Sn
 	}
 	var res SnapshotResult
 	err := e.lifecycle(ctx, id, func(sb *sandbox) error {
+		if ds, ok := sb.backend.(backend.DiskSnapshotter); ok {
+			dp, ok := e.cfg.Packer.(DiskPacker)
+			if !ok {
+				return fmt.Errorf("node %s stores no disk images: %w", e.cfg.NodeID, errdefs.ErrFailedPrecondition)
+			}
+			return ds.SnapshotDisk(ctx, id, func(ctx context.Context, path string) error {
+				var err error
+				res, err = dp.PackDisk(ctx, path)
+				return err
+			})
+		}
 		return sb.backend.Snapshot(ctx, id, req.Merge, func(ctx context.Context, dirs []string) error {
 			var err error
 			res, err = e.cfg.Packer.Pack(ctx, dirs)

@@ -57,6 +57,9 @@ func (s *Server) validate(ctx context.Context, tenant string, req api.CreateSand
 		if err != nil {
 			return plan{}, err
 		}
+		if err := s.snapshotFits(ctx, tenant, req.Backend, stack); err != nil {
+			return plan{}, err
+		}
 		digests = stack
 		req.Layers = &api.LayerRefs{}
 	case req.Layers == nil || req.Layers.Base == "":
@@ -72,8 +75,8 @@ func (s *Server) validate(ctx context.Context, tenant string, req api.CreateSand
 		if err != nil {
 			return plan{}, err
 		}
-		if lay.Kind != l.kind {
-			return plan{}, errdefs.Invalid("layer %s is a %s layer, not a %s layer", l.ref, lay.Kind, l.kind)
+		if err := layerFits(req.Backend, l.kind, l.ref, lay.Kind); err != nil {
+			return plan{}, err
 		}
 		digests = append(digests, lay.Digest)
 	}
@@ -154,7 +157,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), createTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), createTimeoutFor(p.req.Backend))
 	defer cancel()
 	var sb store.Sandbox
 	if p.req.Backend == api.BackendFnCall {
