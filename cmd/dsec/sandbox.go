@@ -19,7 +19,7 @@ import (
 
 func sandboxCmd(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return errors.New("usage: dsec sandbox create|ls|get|rm|exec|cp|reset|pause|resume|renew|snapshot")
+		return errors.New("usage: dsec sandbox create|ls|get|rm|exec|cp|reset|pause|resume|renew|snapshot|screenshot|input")
 	}
 	sub, args := args[0], args[1:]
 	fs := flag.NewFlagSet("dsec sandbox "+sub, flag.ContinueOnError)
@@ -78,6 +78,8 @@ func sandboxCmd(ctx context.Context, args []string) error {
 		return sandboxExec(ctx, fs, newClient, args)
 	case "cp":
 		return sandboxCopy(ctx, fs, newClient, args)
+	case "screenshot", "input":
+		return sandboxScreen(ctx, sub, fs, newClient, args)
 	}
 	return fmt.Errorf("unknown command: dsec sandbox %s", sub)
 }

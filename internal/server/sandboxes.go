@@ -216,7 +216,7 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	httpapi.WriteJSON(w, http.StatusOK, s.view(sb))
+	httpapi.WriteJSON(w, http.StatusOK, s.withDisplay(r.Context(), s.view(sb)))
 	return nil
 }
 

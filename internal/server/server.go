@@ -271,6 +271,9 @@ func (s *Server) Handler() http.Handler {
 	authed("DELETE /v1/trajectories/{id...}", s.deleteTrajectory)
 	authed("POST /v1/trajectories:restore", s.restoreTrajectory)
 	authed("PUT /v1/sandboxes/{id}/phase", s.setPhase)
+	authed("GET /v1/sandboxes/{id}/screen", s.toEdgeDisplay)
+	authed("POST /v1/sandboxes/{id}/input", s.toEdgeDisplay)
+	authed("GET /v1/sandboxes/{id}/vnc", s.toEdgeDisplay)
 	authed("GET /v1/profiles", s.listProfiles)
 
 	authed("POST /v1/fncall", s.fncallCall)
