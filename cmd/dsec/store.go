@@ -99,7 +99,7 @@ func layerRecordPrefetch(ctx context.Context, args []string) error {
 		return err
 	}
 	if *edgeData == "" || fs.NArg() == 0 {
-		return errors.New("usage: dsec layer record-prefetch --edge-data DIR [--store LOC] DIGEST...")
+		return errors.New("usage: dsec layer record-prefetch --edge-data DIR [--store LOC] DIGEST [DIGEST ...]")
 	}
 	bs, err := openBlobStore(ctx, *storeLoc, filepath.Join(*edgeData, "..", "store"), "")
 	if err != nil {

@@ -188,21 +188,6 @@ func (s *LocalStore) commit(tmpPath string, img Image) error {
 	return syncDir(s.blobDir())
 }
 
-// adopt commits an image Build wrote into the store's temporary directory,
-// without copying it again.
-func (s *LocalStore) adopt(tmpPath string, img Image) error {
-	f, err := os.Open(tmpPath)
-	if err != nil {
-		return fmt.Errorf("adopt %s: %w", img.Digest, err)
-	}
-	err = f.Sync()
-	f.Close()
-	if err != nil {
-		return fmt.Errorf("adopt %s: sync: %w", img.Digest, err)
-	}
-	return s.commit(tmpPath, img)
-}
-
 func syncDir(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {

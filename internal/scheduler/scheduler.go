@@ -141,7 +141,6 @@ type placer struct {
 	cfg    Config
 	share  float64        // fair share of the batch per fitting node
 	onNode map[string]int // sandboxes of this batch per node
-	cached map[string]float64
 	// The regular nodes' totals, kept current as the batch books, for
 	// the burst threshold.
 	capMem, allocMem          int64

@@ -287,7 +287,7 @@ var libseccompNames = map[string][3]int64{
 	"query_module":                 {178, 167, noSyscall},
 	"quotactl":                     {179, 131, x32Bit | 179},
 	"quotactl_fd":                  {443, 443, x32Bit | 443},
-	"read":                         {0, 3, x32Bit | 0},
+	"read":                         {0, 3, x32Bit},
 	"readahead":                    {187, 225, x32Bit | 187},
 	"readdir":                      {noSyscall, 89, noSyscall},
 	"readlink":                     {89, 85, x32Bit | 89},

@@ -66,7 +66,7 @@ func principalFrom(ctx context.Context) principal {
 // authenticator checks API keys, caching good ones briefly so that a burst
 // of requests does not hit the database for each.
 type authenticator struct {
-	store store.Store
+	store store.TenantStore
 	ttl   time.Duration
 
 	mu    sync.Mutex
@@ -129,7 +129,7 @@ func (a *authenticator) forget(keyID string) {
 
 // Bootstrap makes sure the admin tenant exists and that keyPath holds a
 // working admin key, creating both on first start. It returns the key.
-func Bootstrap(ctx context.Context, st store.Store, keyPath string) (string, error) {
+func Bootstrap(ctx context.Context, st store.TenantStore, keyPath string) (string, error) {
 	if _, err := st.GetTenant(ctx, AdminTenant); errors.Is(err, errdefs.ErrNotFound) {
 		err := st.CreateTenant(ctx, store.Tenant{ID: AdminTenant, Name: "admin", CreatedAt: time.Now().UTC()})
 		if err != nil && !errors.Is(err, errdefs.ErrAlreadyExists) {

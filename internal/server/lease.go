@@ -186,8 +186,8 @@ func (s *Server) reap(ctx context.Context) {
 			return
 		}
 		for _, sb := range list {
-			if why := s.reapReason(sb, now); why != "" {
-				s.reapOne(ctx, sb.API.ID, why)
+			if s.reapReason(sb, now) != "" {
+				s.reapOne(ctx, sb.API.ID)
 			}
 		}
 	}
@@ -215,12 +215,13 @@ func (s *Server) reapReason(sb store.Sandbox, now time.Time) string {
 
 // reapOne destroys a sandbox if, read again, it is still due: a renew
 // that came in between wins.
-func (s *Server) reapOne(ctx context.Context, id, why string) {
+func (s *Server) reapOne(ctx context.Context, id string) {
 	sb, err := s.store.GetSandbox(ctx, id)
 	if err != nil {
 		return
 	}
-	if why = s.reapReason(sb, time.Now().UTC()); why == "" {
+	why := s.reapReason(sb, time.Now().UTC())
+	if why == "" {
 		return
 	}
 	sb.API.Error = why

@@ -19,9 +19,22 @@ import (
 	"github.com/dsec-project/dsec/internal/errdefs"
 )
 
-// Store is the control plane's database. Methods return errors wrapping
+// Store is the control plane's database: every role below, which the
+// server (the one consumer of all of them) composes. Other consumers take
+// only the role they use. Methods return errors wrapping
 // errdefs.ErrNotFound and errdefs.ErrAlreadyExists where those apply.
 type Store interface {
+	TenantStore
+	LayerStore
+	SandboxStore
+	NodeStore
+	TrajectoryStore
+	CheckpointStore
+	Close() error
+}
+
+// TenantStore holds tenants, their API keys and their quotas.
+type TenantStore interface {
 	CreateTenant(ctx context.Context, t Tenant) error
 	GetTenant(ctx context.Context, id string) (Tenant, error)
 	ListTenants(ctx context.Context) ([]Tenant, error)
@@ -31,6 +44,14 @@ type Store interface {
 	ListKeys(ctx context.Context, tenant string) ([]Key, error)
 	DeleteKey(ctx context.Context, id string) error
 
+	// SetQuota sets a tenant's quota (zero fields: unlimited).
+	SetQuota(ctx context.Context, tenant string, q Quota) error
+	// Usage reports what a tenant's live sandboxes hold, and its quota.
+	Usage(ctx context.Context, tenant string) (Usage, error)
+}
+
+// LayerStore holds the layer records (the images live in the blob store).
+type LayerStore interface {
 	// PutLayer records a layer, replacing the one of the same tenant, name
 	// and tag (tags move, digests do not).
 	PutLayer(ctx context.Context, l Layer) error
@@ -41,25 +62,23 @@ type Store interface {
 	// ListLayers lists the tenant's layers and the public ones.
 	ListLayers(ctx context.Context, tenant string) ([]Layer, error)
 
+	// DeleteLayer removes the tenant's layer name:tag if it still has
+	// digest; removing a missing one succeeds.
+	DeleteLayer(ctx context.Context, tenant, name, tag, digest string) error
+	// LayerInUse reports whether any layer record of any tenant has
+	// digest or stacks on it, or a sandbox not deleted runs on it.
+	LayerInUse(ctx context.Context, digest string) (bool, error)
+}
+
+// SandboxStore holds the sandboxes' records. Placing and moving them,
+// which charges nodes, is NodeStore's.
+type SandboxStore interface {
 	// CreateSandbox inserts a record and sets its Version. It charges
 	// nothing: sandboxes being placed go through PlaceSandboxes.
 	CreateSandbox(ctx context.Context, s *Sandbox) error
 	// CreateSandboxes inserts many records in one transaction, all or none,
 	// and sets their Versions. Like CreateSandbox it charges nothing.
 	CreateSandboxes(ctx context.Context, list []*Sandbox) error
-	// PlaceSandboxes inserts the records of sandboxes being placed and, in
-	// the same transaction, charges each one's resources to its node
-	// (API.Node) and to its tenant. All or nothing: if a node is unknown,
-	// down or draining, or would go over its Limit, or a tenant over its
-	// quota, nothing is written and the error is a *PlaceError. It sets
-	// each record's Version.
-	PlaceSandboxes(ctx context.Context, sbs []*Sandbox) error
-	// MoveSandbox moves a charged record to another node (after the first
-	// refused to build it): in one transaction the charge leaves the old
-	// node and lands on the new one, under the same conditions as
-	// PlaceSandboxes, and the record is rewritten with API.Node = node. The
-	// record's Version must be current.
-	MoveSandbox(ctx context.Context, s *Sandbox, node string) error
 	GetSandbox(ctx context.Context, id string) (Sandbox, error)
 	// UpdateSandbox replaces a sandbox's record if its Version is still the
 	// stored one, and bumps Version. It fails with ErrNotFound if the
@@ -67,21 +86,16 @@ type Store interface {
 	// An update that sets DeletedAt (failed, deleted) releases, in the same
 	// transaction, what the record was charged.
 	UpdateSandbox(ctx context.Context, s *Sandbox) error
-	// MarkSandboxesLost sets every creating, running and paused sandbox of
-	// a node to lost (bumping their Versions) and returns how many. Lost
-	// sandboxes stay charged: their node may come back.
-	MarkSandboxesLost(ctx context.Context, node string) (int, error)
 	// TouchSandbox records that a sandbox was used at t.
 	TouchSandbox(ctx context.Context, id string, t time.Time) error
 	ListSandboxes(ctx context.Context, f SandboxFilter) ([]Sandbox, string, error)
 	// PurgeSandboxes removes records of sandboxes deleted before t.
 	PurgeSandboxes(ctx context.Context, deletedBefore time.Time) (int, error)
+}
 
-	// SetQuota sets a tenant's quota (zero fields: unlimited).
-	SetQuota(ctx context.Context, tenant string, q Quota) error
-	// Usage reports what a tenant's live sandboxes hold, and its quota.
-	Usage(ctx context.Context, tenant string) (Usage, error)
-
+// NodeStore holds the nodes and what is placed on them: the charges that
+// keep a node's allocation within its limit and a tenant within its quota.
+type NodeStore interface {
 	// UpsertNode records a node or updates its description (address,
 	// token, capacity, limit, backends, labels, load, last seen; Layers
 	// only when not nil). A new node starts with n.State and n.Drain; an
@@ -99,11 +113,30 @@ type Store interface {
 	// no new sandboxes.
 	SetNodeDrain(ctx context.Context, id string, drain bool) error
 
-	// The trajectory log (see Step). Steps are keyed by tenant, trajectory
-	// and step number. BeginStep and FinishStep are durable when they
-	// return: the record survives a crash of the process and of the
-	// machine.
+	// PlaceSandboxes inserts the records of sandboxes being placed and, in
+	// the same transaction, charges each one's resources to its node
+	// (API.Node) and to its tenant. All or nothing: if a node is unknown,
+	// down or draining, or would go over its Limit, or a tenant over its
+	// quota, nothing is written and the error is a *PlaceError. It sets
+	// each record's Version.
+	PlaceSandboxes(ctx context.Context, sbs []*Sandbox) error
+	// MoveSandbox moves a charged record to another node (after the first
+	// refused to build it): in one transaction the charge leaves the old
+	// node and lands on the new one, under the same conditions as
+	// PlaceSandboxes, and the record is rewritten with API.Node = node. The
+	// record's Version must be current.
+	MoveSandbox(ctx context.Context, s *Sandbox, node string) error
+	// MarkSandboxesLost sets every creating, running and paused sandbox of
+	// a node to lost (bumping their Versions) and returns how many. Lost
+	// sandboxes stay charged: their node may come back.
+	MarkSandboxesLost(ctx context.Context, node string) (int, error)
+}
 
+// TrajectoryStore holds the trajectory log (see Step) and the
+// trajectories' settings. Steps are keyed by tenant, trajectory and step
+// number. BeginStep and FinishStep are durable when they return: the
+// record survives a crash of the process and of the machine.
+type TrajectoryStore interface {
 	// GetStep reads one step, with its result.
 	GetStep(ctx context.Context, tenant, trajectory string, step int64) (Step, error)
 	// ListSteps lists a trajectory's steps in order, without their results
@@ -122,13 +155,19 @@ type Store interface {
 	// PurgeTrajectories removes whole trajectories whose newest step
 	// started before t, and returns how many steps went.
 	PurgeTrajectories(ctx context.Context, before time.Time) (int, error)
-
-	// Trajectory settings and checkpoints (see Checkpoint).
+	// MoveSteps records that the done steps of a trajectory up to step
+	// upTo now have their effects at to: a sandbox restored from a
+	// checkpoint taken after upTo. It returns how many moved.
+	MoveSteps(ctx context.Context, tenant, trajectory string, upTo int64, to StepPlace) (int, error)
 
 	// PutTrajectory records a trajectory's settings.
 	PutTrajectory(ctx context.Context, t Trajectory) error
 	// GetTrajectory reads them; ErrNotFound if none were recorded.
 	GetTrajectory(ctx context.Context, tenant, id string) (Trajectory, error)
+}
+
+// CheckpointStore holds the trajectories' checkpoints (see Checkpoint).
+type CheckpointStore interface {
 	// AddCheckpoint records a checkpoint, durably.
 	AddCheckpoint(ctx context.Context, c Checkpoint) error
 	// ListCheckpoints lists a trajectory's live checkpoints in step
@@ -144,19 +183,6 @@ type Store interface {
 	DeadCheckpoints(ctx context.Context, limit int) ([]Checkpoint, error)
 	// DeleteCheckpoint removes a checkpoint's record.
 	DeleteCheckpoint(ctx context.Context, c Checkpoint) error
-	// MoveSteps records that the done steps of a trajectory up to step
-	// upTo now have their effects at to: a sandbox restored from a
-	// checkpoint taken after upTo. It returns how many moved.
-	MoveSteps(ctx context.Context, tenant, trajectory string, upTo int64, to StepPlace) (int, error)
-
-	// DeleteLayer removes the tenant's layer name:tag if it still has
-	// digest; removing a missing one succeeds.
-	DeleteLayer(ctx context.Context, tenant, name, tag, digest string) error
-	// LayerInUse reports whether any layer record of any tenant has
-	// digest or stacks on it, or a sandbox not deleted runs on it.
-	LayerInUse(ctx context.Context, digest string) (bool, error)
-
-	Close() error
 }
 
 // Tenant owns keys, layers and sandboxes.

@@ -68,124 +68,6 @@ func (s *Store) Close() error {
 	return nil
 }
 
-var migrations = []string{
-	`CREATE TABLE tenants (
-		id TEXT PRIMARY KEY,
-		name TEXT NOT NULL UNIQUE,
-		created_at BIGINT NOT NULL
-	);
-	CREATE TABLE api_keys (
-		id TEXT PRIMARY KEY,
-		tenant TEXT NOT NULL REFERENCES tenants(id),
-		secret_hash BYTEA NOT NULL,
-		admin BOOLEAN NOT NULL,
-		created_at BIGINT NOT NULL
-	);
-	CREATE TABLE layers (
-		tenant TEXT NOT NULL,
-		name TEXT NOT NULL,
-		tag TEXT NOT NULL,
-		digest TEXT NOT NULL,
-		kind TEXT NOT NULL,
-		size BIGINT NOT NULL,
-		public BOOLEAN NOT NULL,
-		created_at BIGINT NOT NULL,
-		PRIMARY KEY (tenant, name, tag)
-	);
-	CREATE INDEX layers_digest ON layers(digest);
-	CREATE TABLE sandboxes (
-		id TEXT PRIMARY KEY,
-		tenant TEXT NOT NULL,
-		state TEXT NOT NULL,
-		node TEXT NOT NULL,
-		expires_at BIGINT,
-		deleted_at BIGINT,
-		last_active BIGINT NOT NULL,
-		version BIGINT NOT NULL,
-		doc JSONB NOT NULL,
-		mcpu BIGINT NOT NULL DEFAULT 0,
-		memory_mb BIGINT NOT NULL DEFAULT 0,
-		pids BIGINT NOT NULL DEFAULT 0,
-		charged INTEGER NOT NULL DEFAULT 0
-	);
-	CREATE INDEX sandboxes_tenant ON sandboxes(tenant, id);
-	CREATE INDEX sandboxes_node ON sandboxes(node, state);
-	CREATE INDEX sandboxes_expires ON sandboxes(expires_at) WHERE expires_at IS NOT NULL;
-	CREATE TABLE nodes (
-		id TEXT PRIMARY KEY,
-		doc JSONB NOT NULL,
-		state TEXT NOT NULL,
-		drain INTEGER NOT NULL DEFAULT 0,
-		last_seen BIGINT NOT NULL DEFAULT 0,
-		limit_mcpu BIGINT NOT NULL DEFAULT 0,
-		limit_memory_mb BIGINT NOT NULL DEFAULT 0,
-		limit_pids BIGINT NOT NULL DEFAULT 0,
-		alloc_mcpu BIGINT NOT NULL DEFAULT 0,
-		alloc_memory_mb BIGINT NOT NULL DEFAULT 0,
-		alloc_pids BIGINT NOT NULL DEFAULT 0,
-		sandboxes BIGINT NOT NULL DEFAULT 0
-	);
-	CREATE TABLE tenant_usage (
-		tenant TEXT PRIMARY KEY,
-		max_sandboxes BIGINT NOT NULL DEFAULT 0,
-		max_mcpu BIGINT NOT NULL DEFAULT 0,
-		max_memory_mb BIGINT NOT NULL DEFAULT 0,
-		sandboxes BIGINT NOT NULL DEFAULT 0,
-		mcpu BIGINT NOT NULL DEFAULT 0,
-		memory_mb BIGINT NOT NULL DEFAULT 0
-	);`,
-	// 2: sandboxes come in bursts of thousands; autovacuum's default (10%
-	// of the table changed) would leave the planner thinking a tenant has
-	// a handful of rows long after it has a hundred thousand, and listing
-	// them sorts them all (measured: 117 ms instead of 0.08 ms at 200k).
-	`ALTER TABLE sandboxes SET (autovacuum_analyze_scale_factor = 0.01, autovacuum_analyze_threshold = 1000,
-		autovacuum_vacuum_scale_factor = 0.05)`,
-	// 3: idle timeouts (nanoseconds, 0 for none) and the trajectory log.
-	`ALTER TABLE sandboxes ADD COLUMN idle_timeout BIGINT NOT NULL DEFAULT 0;
-	CREATE INDEX sandboxes_idle ON sandboxes((last_active + idle_timeout)) WHERE idle_timeout > 0;
-	CREATE TABLE trajectory_steps (
-		tenant TEXT NOT NULL,
-		trajectory TEXT NOT NULL,
-		step BIGINT NOT NULL,
-		fingerprint TEXT NOT NULL,
-		attempt TEXT NOT NULL,
-		sandbox TEXT NOT NULL,
-		generation BIGINT NOT NULL,
-		state TEXT NOT NULL,
-		exit_code INTEGER,
-		result TEXT,
-		started_at BIGINT NOT NULL,
-		recorded_at BIGINT,
-		PRIMARY KEY (tenant, trajectory, step)
-	);`,
-	// 4: a snapshot layer's parent stack: digests, base first, space-separated.
-	`ALTER TABLE layers ADD COLUMN parents TEXT NOT NULL DEFAULT '';`,
-	// 5: trajectory settings and checkpoints.
-	`CREATE TABLE trajectories (
-		tenant TEXT NOT NULL,
-		id TEXT NOT NULL,
-		checkpoint_every BIGINT NOT NULL,
-		updated_at BIGINT NOT NULL,
-		PRIMARY KEY (tenant, id)
-	);
-	CREATE TABLE trajectory_checkpoints (
-		tenant TEXT NOT NULL,
-		trajectory TEXT NOT NULL,
-		step BIGINT NOT NULL,
-		attempt TEXT NOT NULL,
-		layer_name TEXT NOT NULL,
-		layer_tag TEXT NOT NULL,
-		digest TEXT NOT NULL,
-		size BIGINT NOT NULL,
-		sandbox TEXT NOT NULL,
-		generation BIGINT NOT NULL,
-		spec TEXT NOT NULL,
-		created_at BIGINT NOT NULL,
-		dropped BOOLEAN NOT NULL DEFAULT FALSE,
-		PRIMARY KEY (tenant, trajectory, step, attempt)
-	);`,
-}
-
 // migrationLock is the advisory lock key that serializes replicas
 // migrating one database at once.
 const migrationLock = 0x64736563 // "dsec"
@@ -207,12 +89,16 @@ func (s *Store) migrate(ctx context.Context) error {
 		} else if err != nil {
 			return fmt.Errorf("migrate: read version: %w", err)
 		}
-		for i := v; i < len(migrations); i++ {
-			if _, err := tx.Exec(ctx, migrations[i]); err != nil {
-				return fmt.Errorf("migrate to %d: %w", i+1, err)
+		stmts, err := sqlstore.Migration(sqlstore.PostgresSchema, v)
+		if err != nil {
+			return fmt.Errorf("migrate: %w", err)
+		}
+		for _, q := range stmts {
+			if _, err := tx.Exec(ctx, q); err != nil {
+				return fmt.Errorf("migrate to %d: %w", sqlstore.SchemaVersion(), err)
 			}
 		}
-		if _, err := tx.Exec(ctx, `UPDATE schema_version SET version = $1`, len(migrations)); err != nil {
+		if _, err := tx.Exec(ctx, `UPDATE schema_version SET version = $1`, sqlstore.SchemaVersion()); err != nil {
 			return fmt.Errorf("migrate: %w", err)
 		}
 		return nil

@@ -91,140 +91,6 @@ func (s *Store) Close() error {
 	return errors.Join(s.r.Close(), s.w.Close())
 }
 
-var migrations = []string{
-	`CREATE TABLE tenants (
-		id TEXT PRIMARY KEY,
-		name TEXT NOT NULL UNIQUE,
-		created_at INTEGER NOT NULL
-	);
-	CREATE TABLE api_keys (
-		id TEXT PRIMARY KEY,
-		tenant TEXT NOT NULL REFERENCES tenants(id),
-		secret_hash BLOB NOT NULL,
-		admin INTEGER NOT NULL,
-		created_at INTEGER NOT NULL
-	);
-	CREATE TABLE layers (
-		tenant TEXT NOT NULL,
-		name TEXT NOT NULL,
-		tag TEXT NOT NULL,
-		digest TEXT NOT NULL,
-		kind TEXT NOT NULL,
-		size INTEGER NOT NULL,
-		public INTEGER NOT NULL,
-		created_at INTEGER NOT NULL,
-		PRIMARY KEY (tenant, name, tag)
-	);
-	CREATE INDEX layers_digest ON layers(digest);
-	CREATE TABLE sandboxes (
-		id TEXT PRIMARY KEY,
-		tenant TEXT NOT NULL,
-		state TEXT NOT NULL,
-		node TEXT NOT NULL,
-		expires_at INTEGER,
-		deleted_at INTEGER,
-		last_active INTEGER NOT NULL,
-		version INTEGER NOT NULL,
-		doc TEXT NOT NULL
-	);
-	CREATE INDEX sandboxes_tenant ON sandboxes(tenant, id);
-	CREATE INDEX sandboxes_node ON sandboxes(node, state);
-	CREATE INDEX sandboxes_expires ON sandboxes(expires_at) WHERE expires_at IS NOT NULL;
-	CREATE TABLE nodes (
-		id TEXT PRIMARY KEY,
-		doc TEXT NOT NULL
-	);`,
-	// 2: idle timeouts (nanoseconds, 0 for none) and the trajectory log.
-	`ALTER TABLE sandboxes ADD COLUMN idle_timeout INTEGER NOT NULL DEFAULT 0;
-	CREATE INDEX sandboxes_idle ON sandboxes((last_active + idle_timeout)) WHERE idle_timeout > 0;
-	CREATE TABLE trajectory_steps (
-		tenant TEXT NOT NULL,
-		trajectory TEXT NOT NULL,
-		step INTEGER NOT NULL,
-		fingerprint TEXT NOT NULL,
-		attempt TEXT NOT NULL,
-		sandbox TEXT NOT NULL,
-		generation INTEGER NOT NULL,
-		state TEXT NOT NULL,
-		exit_code INTEGER,
-		result TEXT,
-		started_at INTEGER NOT NULL,
-		recorded_at INTEGER,
-		PRIMARY KEY (tenant, trajectory, step)
-	);`,
-	// 3: a snapshot layer's parent stack: digests, base first, space-separated.
-	`ALTER TABLE layers ADD COLUMN parents TEXT NOT NULL DEFAULT '';`,
-	// 4: charges. A placed sandbox's resources are charged to its node and
-	// its tenant until its record ends; nodes carry their state, limits
-	// and allocation in columns so that a conditional UPDATE can reserve.
-	`ALTER TABLE sandboxes ADD COLUMN mcpu INTEGER NOT NULL DEFAULT 0;
-	ALTER TABLE sandboxes ADD COLUMN memory_mb INTEGER NOT NULL DEFAULT 0;
-	ALTER TABLE sandboxes ADD COLUMN pids INTEGER NOT NULL DEFAULT 0;
-	ALTER TABLE sandboxes ADD COLUMN charged INTEGER NOT NULL DEFAULT 0;
-	UPDATE sandboxes SET
-		mcpu = CAST(ROUND(COALESCE(json_extract(doc, '$.API.resources.cpu'), 0) * 1000) AS INTEGER),
-		memory_mb = COALESCE(json_extract(doc, '$.API.resources.memory_mb'), 0),
-		pids = COALESCE(json_extract(doc, '$.API.resources.pids'), 0),
-		charged = (deleted_at IS NULL);
-	CREATE TABLE nodes2 (
-		id TEXT PRIMARY KEY,
-		doc TEXT NOT NULL,
-		state TEXT NOT NULL,
-		drain INTEGER NOT NULL DEFAULT 0,
-		last_seen INTEGER NOT NULL DEFAULT 0,
-		limit_mcpu INTEGER NOT NULL DEFAULT 0,
-		limit_memory_mb INTEGER NOT NULL DEFAULT 0,
-		limit_pids INTEGER NOT NULL DEFAULT 0,
-		alloc_mcpu INTEGER NOT NULL DEFAULT 0,
-		alloc_memory_mb INTEGER NOT NULL DEFAULT 0,
-		alloc_pids INTEGER NOT NULL DEFAULT 0,
-		sandboxes INTEGER NOT NULL DEFAULT 0
-	);
-	INSERT INTO nodes2 (id, doc, state) SELECT id, doc, 'down' FROM nodes;
-	DROP TABLE nodes;
-	ALTER TABLE nodes2 RENAME TO nodes;
-	UPDATE nodes SET
-		alloc_mcpu = (SELECT COALESCE(SUM(mcpu), 0) FROM sandboxes s WHERE s.node = nodes.id AND s.charged = 1),
-		alloc_memory_mb = (SELECT COALESCE(SUM(memory_mb), 0) FROM sandboxes s WHERE s.node = nodes.id AND s.charged = 1),
-		alloc_pids = (SELECT COALESCE(SUM(pids), 0) FROM sandboxes s WHERE s.node = nodes.id AND s.charged = 1),
-		sandboxes = (SELECT COUNT(*) FROM sandboxes s WHERE s.node = nodes.id AND s.charged = 1);
-	CREATE TABLE tenant_usage (
-		tenant TEXT PRIMARY KEY,
-		max_sandboxes INTEGER NOT NULL DEFAULT 0,
-		max_mcpu INTEGER NOT NULL DEFAULT 0,
-		max_memory_mb INTEGER NOT NULL DEFAULT 0,
-		sandboxes INTEGER NOT NULL DEFAULT 0,
-		mcpu INTEGER NOT NULL DEFAULT 0,
-		memory_mb INTEGER NOT NULL DEFAULT 0
-	);
-	INSERT INTO tenant_usage (tenant, sandboxes, mcpu, memory_mb)
-		SELECT tenant, COUNT(*), SUM(mcpu), SUM(memory_mb) FROM sandboxes WHERE charged = 1 GROUP BY tenant;`,
-	// 5: trajectory settings and checkpoints.
-	`CREATE TABLE trajectories (
-		tenant TEXT NOT NULL,
-		id TEXT NOT NULL,
-		checkpoint_every INTEGER NOT NULL,
-		updated_at INTEGER NOT NULL,
-		PRIMARY KEY (tenant, id)
-	);
-	CREATE TABLE trajectory_checkpoints (
-		tenant TEXT NOT NULL,
-		trajectory TEXT NOT NULL,
-		step INTEGER NOT NULL,
-		attempt TEXT NOT NULL,
-		layer_name TEXT NOT NULL,
-		layer_tag TEXT NOT NULL,
-		digest TEXT NOT NULL,
-		size INTEGER NOT NULL,
-		sandbox TEXT NOT NULL,
-		generation INTEGER NOT NULL,
-		spec TEXT NOT NULL,
-		created_at INTEGER NOT NULL,
-		dropped INTEGER NOT NULL DEFAULT 0,
-		PRIMARY KEY (tenant, trajectory, step, attempt)
-	);`,
-}
-
 func (s *Store) migrate(ctx context.Context) error {
 	if _, err := s.w.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)`); err != nil {
 		return fmt.Errorf("migrate: %w", err)
@@ -238,22 +104,30 @@ func (s *Store) migrate(ctx context.Context) error {
 	} else if err != nil {
 		return fmt.Errorf("migrate: read version: %w", err)
 	}
-	for i := v; i < len(migrations); i++ {
-		tx, err := s.w.BeginTx(ctx, nil)
-		if err != nil {
-			return fmt.Errorf("migrate to %d: %w", i+1, err)
-		}
-		if _, err := tx.ExecContext(ctx, migrations[i]); err != nil {
+	stmts, err := sqlstore.Migration(sqlstore.SQLiteSchema, v)
+	if err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	if len(stmts) == 0 {
+		return nil
+	}
+	to := sqlstore.SchemaVersion()
+	tx, err := s.w.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("migrate to %d: %w", to, err)
+	}
+	for _, q := range stmts {
+		if _, err := tx.ExecContext(ctx, q); err != nil {
 			tx.Rollback()
-			return fmt.Errorf("migrate to %d: %w", i+1, err)
+			return fmt.Errorf("migrate to %d: %w", to, err)
 		}
-		if _, err := tx.ExecContext(ctx, `UPDATE schema_version SET version = ?`, i+1); err != nil {
-			tx.Rollback()
-			return fmt.Errorf("migrate to %d: %w", i+1, err)
-		}
-		if err := tx.Commit(); err != nil {
-			return fmt.Errorf("migrate to %d: %w", i+1, err)
-		}
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE schema_version SET version = ?`, to); err != nil {
+		tx.Rollback()
+		return fmt.Errorf("migrate to %d: %w", to, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("migrate to %d: %w", to, err)
 	}
 	return nil
 }

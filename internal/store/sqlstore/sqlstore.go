@@ -5,8 +5,9 @@
 // placeholders (postgres rebinds them); the column lists; how a record
 // becomes column values and a row becomes a record; and how a sandbox
 // filter becomes a WHERE clause. It must never open a connection, run a
-// statement or know a driver: connections, transactions, group commits,
-// the schema and the mapping of driver errors stay in each store.
+// statement or know a driver: connections, transactions, group commits
+// and the mapping of driver errors stay in each store. The schema is
+// written once here (schema.go), in each database's spelling of its types.
 //
 // Flags are bound as Go bools (SQLite keeps them as 0 and 1) except in
 // the INTEGER columns both schemas share (charged, drain), bound with B2i.
