@@ -30,7 +30,9 @@ type Boot struct {
 	// VirtualMB is the disk's size.
 	VirtualMB int64  `json:"virtual_mb"`
 	Kernel    string `json:"kernel"`
-	Initrd    string `json:"initrd,omitempty"`
+	// Version is the kernel's release (what uname -r shows in the guest).
+	Version string `json:"version"`
+	Initrd  string `json:"initrd,omitempty"`
 	// Root is the root device as the guest names it: /dev/vda (a
 	// partitionless disk) or /dev/vdaN.
 	Root string `json:"root"`
@@ -133,7 +135,7 @@ func Inspect(ctx context.Context, path, dir string) (Boot, error) {
 	}
 	slices.Sort(kernels)
 	version := kernels[len(kernels)-1]
-	bt := Boot{Format: format, VirtualMB: qi.VirtualSize >> 20, Root: root, Kernel: filepath.Join(dir, "vmlinuz")}
+	bt := Boot{Format: format, VirtualMB: qi.VirtualSize >> 20, Root: root, Kernel: filepath.Join(dir, "vmlinuz"), Version: version}
 	if _, err := debugfs(ctx, fsPath, "dump /boot/vmlinuz-"+version+" "+bt.Kernel); err != nil {
 		return Boot{}, err
 	}

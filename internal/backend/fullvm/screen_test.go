@@ -3,30 +3,60 @@ package fullvm_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"image/png"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/backend"
+	"github.com/dsec-project/dsec/internal/backend/microvm"
 	"github.com/dsec-project/dsec/internal/errdefs"
 	"github.com/dsec-project/dsec/internal/testutil"
+	"github.com/dsec-project/dsec/internal/vmimage"
 )
 
-// TestFullVMScreenAndInput: the screen of the small image is its text
-// console (VGA, root logged in on tty1). The PNG is not blank; typing a
-// command and Enter into the console's shell creates a file the agent
-// reads back; the screen changes after the input; bad input is invalid.
+// TestFullVMScreenAndInput boots the small image once (a boot under TCG
+// is the slow part) and checks: the guest runs the image's own kernel
+// with systemd as init, named after the sandbox; the screen is its text
+// console (VGA, root logged in on tty1) and its PNG is not blank; typing
+// a command and Enter into the console's shell creates a file the agent
+// reads back; the screen changes after the input; bad input is invalid;
+// destroy leaves nothing.
 func TestFullVMScreenAndInput(t *testing.T) {
 	testutil.Require(t, testutil.FullVMRequirements...)
 	ctx := context.Background()
-	b := newFullBackend(t, t.TempDir())
+	root := t.TempDir()
+	b := newFullBackend(t, root)
 	sp := backend.Spec{ID: "screen", Layers: []backend.Layer{vmLayer(t)}, Resources: api.Resources{CPU: 1, MemoryMB: 512}}
 	if err := b.Create(ctx, sp); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { b.Destroy(context.Background(), sp.ID) })
+	ag := agentOfFull(b, sp.ID)
+	res, err := ag.Exec(ctx, &api.ExecRequest{Shell: "uname -r; cat /proc/1/comm; hostname"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, _ := exec.Command("uname", "-r").Output()
+	lines := strings.Split(res.Stdout, "\n")
+	if len(lines) < 3 || lines[1] != "systemd" || lines[2] != sp.ID || lines[0] == strings.TrimSpace(string(host)) {
+		t.Fatalf("uname -r, init, hostname: %q (host kernel %s)", res.Stdout, host)
+	}
+	imageKernels, _ := filepath.Glob(filepath.Join(root, "images", "*", "boot.json"))
+	if len(imageKernels) != 1 {
+		t.Fatalf("kernels copied out of the image: %v", imageKernels)
+	}
+	var bt vmimage.Boot
+	if b, err := os.ReadFile(imageKernels[0]); err != nil || json.Unmarshal(b, &bt) != nil || bt.Version != lines[0] {
+		t.Fatalf("the guest runs kernel %s, not the image's (%+v)", lines[0], bt)
+	}
 
 	before, d, err := b.Screenshot(ctx, sp.ID)
 	if err != nil {
@@ -50,7 +80,6 @@ func TestFullVMScreenAndInput(t *testing.T) {
 		}
 	}
 
-	ag := agentOfFull(b, sp.ID)
 	// The console's shell may still be starting: type until the file
 	// appears.
 	deadline := time.Now().Add(5 * time.Minute)
@@ -78,6 +107,22 @@ func TestFullVMScreenAndInput(t *testing.T) {
 	}
 	if bytes.Equal(before, after) {
 		t.Fatal("the screen did not change after typing")
+	}
+	vnc, err := b.DialVNC(ctx, sp.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vnc.SetDeadline(time.Now().Add(time.Minute))
+	banner := make([]byte, 12)
+	if _, err := io.ReadFull(vnc, banner); err != nil || !strings.HasPrefix(string(banner), "RFB 003.") {
+		t.Fatalf("VNC server greeted %q: %v", banner, err)
+	}
+	vnc.Close()
+	if err := b.Destroy(ctx, sp.ID); err != nil {
+		t.Fatal(err)
+	}
+	if leaks := microvm.Leaks(root); len(leaks) > 0 {
+		t.Fatalf("after destroy: %v", leaks)
 	}
 }
 

@@ -30,7 +30,10 @@ func (v *VMM) fullArgs(m *microvm.Machine) []string {
 		"-chardev", "socket,id=qmp,fd=3,server=on,wait=off",
 		"-mon", "chardev=qmp,mode=control",
 		"-device", "VGA",
-		"-vnc", "unix:"+escape(filepath.Join(m.Dir, microvm.VNCSocket)),
+		// Relative to the machine's directory, QEMU's working directory
+		// while it sets up (a sockaddr_un holds 108 bytes; the directory
+		// may be longer).
+		"-vnc", "unix:"+microvm.VNCSocket,
 		"-device", "qemu-xhci,id=xhci", "-device", "usb-tablet,bus=xhci.0",
 	)
 	if m.Initrd != "" {

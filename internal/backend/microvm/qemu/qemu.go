@@ -179,6 +179,9 @@ func (v *VMM) Start(ctx context.Context, m *microvm.Machine) (microvm.Process, e
 	os.Remove(pidFile)
 	cmd := exec.CommandContext(ctx, v.bin, v.args(m)...)
 	cmd.ExtraFiles = files
+	if m.Type == microvm.TypeQ35 {
+		cmd.Dir = m.Dir // where its VNC socket goes, by a short relative name
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
