@@ -11,6 +11,7 @@
 #   make sandboxfusion-base   with `make run` going: build sandboxfusion:latest,
 #                      the base SandboxFusion's /run_code runs in
 #   make guest-kernel   fetch the microVM guest kernel (also done by run and test)
+#   make vm-image       build the small bootable vm image the fullvm tests boot (also done by test)
 
 GO      ?= go
 DATA    ?= .dsec
@@ -20,8 +21,8 @@ LISTEN  ?= 127.0.0.1:7070
 # iproute2 (the multi-host test's network namespaces), g++ (copied into the
 # toolchain base of the compatibility tests, internal/e2e/compat_test.go)
 # gcc (go test -race needs cgo), tmux and chromium (the terminal and
-# port tests drive a real terminal and a real browser).
-DEBS    := runc erofs-utils busybox-static fuse3 iproute2 util-linux postgresql python3 e2fsprogs nftables debootstrap git qemu-system-x86 g++ gcc libc6-dev tmux chromium
+# port tests drive a real terminal and a real browser), qemu-utils (qemu-img: full VMs' copy-on-write disks).
+DEBS    := runc erofs-utils busybox-static fuse3 iproute2 util-linux postgresql python3 e2fsprogs nftables debootstrap git qemu-system-x86 g++ gcc libc6-dev tmux chromium qemu-utils
 # Go tools the tests run (a real S3 server), built into bin/.
 VERSITYGW := github.com/versity/versitygw/cmd/versitygw@v1.8.0
 # The linter, built into bin/ by make lint.
@@ -31,7 +32,7 @@ GUEST_KERNEL_PKG ?= linux-image-cloud-amd64
 GUEST_KERNEL     := bin/guest-kernel
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: all build run test test-unit lint deps tools check-go clean debian-base sandboxfusion-base guest-kernel
+.PHONY: all build run test test-unit lint deps tools check-go clean debian-base sandboxfusion-base guest-kernel vm-image
 
 all: build
 
@@ -69,10 +70,21 @@ $(GUEST_KERNEL)/.done:
 	dpkg-deb -x $$deb $$tmp/x; mv $$tmp/x/boot $$tmp/x/lib $(GUEST_KERNEL)/; \
 	echo "$$pkg" > $@
 
+# vm-image builds the small vm layer the fullvm backend's tests boot:
+# debootstrap minbase bookworm with the cloud kernel, systemd and the
+# dsec-agent of this tree as a unit, as a qcow2 disk (bin/, never
+# committed). It is kept until `make clean`: after changing the agent,
+# remove it to rebuild.
+VM_IMAGE := bin/vm-debian-12.qcow2
+vm-image: $(VM_IMAGE)
+
+$(VM_IMAGE): | build
+	./bin/dsec layer build --vm --debootstrap bookworm --output $@
+
 run: deps build guest-kernel
 	./bin/dsec server --data $(DATA) --listen $(LISTEN)
 
-test: deps tools build guest-kernel
+test: deps tools build guest-kernel vm-image
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 30m ./...
 	cd deploy && DSEC_BIN=$(CURDIR)/bin/dsec $(GO) test -count=1 ./...

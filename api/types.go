@@ -146,6 +146,9 @@ type Sandbox struct {
 	IdleTimeoutSeconds int64 `json:"idle_timeout_seconds,omitempty"`
 	// LastActiveAt is the last activity the server knows of.
 	LastActiveAt *time.Time `json:"last_active_at,omitempty"`
+	// Display is the size of the sandbox's screen, if it has one (a
+	// running fullvm sandbox), on GET /v1/sandboxes/{id}.
+	Display *Display `json:"display,omitempty"`
 }
 
 // RenewRequest is the body of POST /v1/sandboxes/{id}/renew. The lease

@@ -6,6 +6,7 @@
 //
 //	dsec-agent --listen-fd 3 --seccomp /.dsec/seccomp   # in a sandbox (runc --preserve-fds 1)
 //	/init                                                # as a microVM's init (or --vm-init)
+//	dsec-agent --vm-service                              # a unit of a full VM (fullvm backend)
 //	dsec-agent --listen /tmp/a.sock --root /tmp/root     # tests
 //
 // With --seccomp, before anything else it loads DIR/agent.bpf on all its
@@ -46,6 +47,7 @@ func main() {
 		logMax   = flag.Int64("log-max-bytes", 1<<20, "stop logging after this many bytes")
 		grace    = flag.Duration("shutdown-grace", 0, "time between a forwarded signal and SIGKILL (0: the default, 2s)")
 		vmInit   = flag.Bool("vm-init", false, "run as a microVM's init: build the root, serve on the host link (implied as PID 1 named /init)")
+		vmSvc    = flag.Bool("vm-service", false, "run as a unit of a full VM's own init: read the config drive, serve on the host link")
 		filters  = flag.String("seccomp", "", "load `dir`/agent.bpf now and run commands under dir/command.bpf")
 		stateFD  = flag.Int("state-fd", -1, "read the state a resetting agent handed over from this `fd`")
 		maxPorts = flag.Int("max-port-conns", agent.DefaultMaxPortConns, "connections open at once to the sandbox's ports")
@@ -62,6 +64,13 @@ func main() {
 			// Init exiting panics the guest kernel, which stops the VM: the
 			// host sees a failed sandbox.
 			log.Error("dsec-agent (vm init) failed", "err", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if *vmSvc {
+		if err := runVMService(log, *grace); err != nil {
+			log.Error("dsec-agent (full VM) failed", "err", err)
 			os.Exit(1)
 		}
 		return
@@ -85,6 +94,23 @@ func main() {
 // runVM builds the sandbox inside a microVM and serves on its host link.
 func runVM(log *slog.Logger, grace time.Duration) error {
 	cfg, freezer, err := guestinit.Boot(log)
+	if err != nil {
+		return err
+	}
+	l, err := guestinit.Listen(cfg, log)
+	if err != nil {
+		return err
+	}
+	return serve(log, l, agent.Config{
+		Root: "/", MaxFileBytes: cfg.MaxFileBytes, ShutdownGrace: grace, Version: version, Log: log,
+		Freezer: freezer,
+	})
+}
+
+// runVMService serves on the host link of a full VM, whose own init
+// (systemd) runs the agent as a unit.
+func runVMService(log *slog.Logger, grace time.Duration) error {
+	cfg, freezer, err := guestinit.Service(log)
 	if err != nil {
 		return err
 	}

@@ -33,14 +33,19 @@ func layerCmd(ctx context.Context, args []string) error {
 		if sub == "build" && hasFlag(args, "dockerfile") {
 			return dockerfileBuild(ctx, fs, newClient, args)
 		}
-		kind := fs.String("kind", "base", "base, workspace or toolkit")
+		kind := fs.String("kind", "base", "base, workspace, toolkit or vm (a disk image: qcow2 or raw)")
 		name := fs.String("name", "", "NAME:TAG")
 		public := fs.Bool("public", false, "visible to every tenant (admin only)")
 		var src layerSource
 		src.register(fs)
+		var vm vmFlags
+		vm.register(fs)
 		pos, _, err := parseArgs(fs, args)
 		if err != nil {
 			return err
+		}
+		if vm.vm {
+			return vm.build(ctx, &src, pos, newClient, *name, *public)
 		}
 		if *name == "" || len(pos)+src.count() != 1 {
 			return fmt.Errorf("usage: dsec layer %s --kind K --name NAME:TAG (DIR|TAR|EROFS | --image SRC | --debootstrap SUITE | --git REPO)", sub)

@@ -49,6 +49,7 @@ type nodeFlags struct {
 	debug        bool
 	layers       layerFlags
 	microvm      microvmFlags
+	fullvm       fullvmFlags
 }
 
 func (n *nodeFlags) register(fs *flag.FlagSet) {
@@ -68,6 +69,7 @@ func (n *nodeFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&n.debug, "debug", false, "debug logging")
 	n.layers.register(fs)
 	n.microvm.register(fs)
+	n.fullvm.register(fs)
 }
 
 func (n *nodeFlags) logger() *slog.Logger {
@@ -153,6 +155,13 @@ func (n *nodeFlags) startEdge(ctx context.Context, dataDir string, layers edge.L
 	if mb != nil {
 		backends = append(backends, mb)
 	}
+	fb, err := n.fullvm.backend(ctx, &n.microvm, filepath.Join(dataDir, "fullvm"), n.cgroupParent, n.maxFileBytes, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	if fb != nil {
+		backends = append(backends, fb)
+	}
 	ecfg := edge.Config{NodeID: n.nodeID, Backends: backends, Layers: layers, Logger: log,
 		Capacity: api.Resources{CPU: n.cpu, MemoryMB: n.memoryMB, DiskMB: n.diskMB}, DiskDir: dataDir}
 	if p, ok := layers.(*edge.StoreLayers); ok {
@@ -166,6 +175,9 @@ func (n *nodeFlags) startEdge(ctx context.Context, dataDir string, layers edge.L
 		cb.Close()
 		if mb != nil {
 			mb.Close()
+		}
+		if fb != nil {
+			fb.Close()
 		}
 		// A node that stops with no sandbox left leaves no FUSE mount or
 		// process behind; one whose sandboxes live on keeps their blobfs.

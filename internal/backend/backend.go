@@ -115,3 +115,23 @@ type Usage struct {
 type UsageReporter interface {
 	Usage(ctx context.Context) (Usage, error)
 }
+
+// DiskSnapshotter is implemented by backends whose sandboxes are whole
+// disks (fullvm): a snapshot is a standalone disk image, stored as a new
+// vm layer, instead of a directory of changes. pack reads the image at
+// path, which is removed when SnapshotDisk returns.
+type DiskSnapshotter interface {
+	SnapshotDisk(ctx context.Context, id string, pack func(ctx context.Context, path string) error) error
+}
+
+// Display is implemented by backends whose sandboxes may have a screen
+// (fullvm). A sandbox without one is errdefs.ErrInvalid.
+type Display interface {
+	// Screenshot returns the screen as PNG, and its size.
+	Screenshot(ctx context.Context, id string) ([]byte, api.Display, error)
+	// Input performs the actions in order (screen.Compile checks them)
+	// and returns the screen's size.
+	Input(ctx context.Context, id string, actions []api.InputAction) (api.Display, error)
+	// DialVNC connects to the screen's VNC (RFB) server.
+	DialVNC(ctx context.Context, id string) (net.Conn, error)
+}

@@ -322,6 +322,13 @@ func (e *Edge) Snapshot(ctx context.Context, id string, req SnapshotRequest) (Sn
 	var copied string
 	var frozen time.Duration
 	err := e.lifecycle(ctx, id, func(sb *sandbox) error {
+		if ds, ok := sb.backend.(backend.DiskSnapshotter); ok {
+			return ds.SnapshotDisk(ctx, id, func(ctx context.Context, path string) error {
+				var err error
+				res, err = e.cfg.Packer.PackDisk(ctx, path)
+				return err
+			})
+		}
 		start := time.Now()
 		defer func() { frozen = time.Since(start) }()
 		return sb.backend.Snapshot(ctx, id, req.Merge, func(ctx context.Context, dirs []string) error {

@@ -98,6 +98,7 @@ func (e *Edge) Handler(token string) http.Handler {
 		w.WriteHeader(http.StatusNoContent)
 	})
 	mux.HandleFunc("/v1/sandboxes/{id}/agent/{rest...}", e.proxyAgent)
+	e.displayRoutes(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, r, errdefs.NotFound("no route %s %s", r.Method, r.URL.Path))
 	})

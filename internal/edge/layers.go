@@ -273,3 +273,12 @@ func (s *StoreLayers) Pack(ctx context.Context, dirs []string) (SnapshotResult, 
 	}
 	return SnapshotResult{Digest: d.Digest, Size: d.Size}, nil
 }
+
+// PackDisk implements DiskPacker.
+func (s *StoreLayers) PackDisk(ctx context.Context, path string) (SnapshotResult, error) {
+	d, err := s.cfg.Store.PutDisk(ctx, path)
+	if err != nil {
+		return SnapshotResult{}, err
+	}
+	return SnapshotResult{Digest: d.Digest, Size: d.Size}, nil
+}

@@ -273,7 +273,7 @@ func (s *Server) reconcile(ctx context.Context, nodeID string, c *edge.Client, a
 	now := time.Now().UTC()
 	live := map[string]bool{}
 	for _, sb := range records {
-		young := !all && sb.API.State == api.StateCreating && now.Sub(sb.API.CreatedAt) < createTimeout
+		young := !all && sb.API.State == api.StateCreating && now.Sub(sb.API.CreatedAt) < createTimeoutFor(sb.API.Backend)
 		if onNode[sb.API.ID] || young {
 			live[sb.API.ID] = true
 			if young {

@@ -68,9 +68,9 @@ func (s *Server) createLayer(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
 	kind := q.Get("kind")
 	switch kind {
-	case api.KindBase, api.KindWorkspace, api.KindToolkit:
+	case api.KindBase, api.KindWorkspace, api.KindToolkit, api.KindVM:
 	default:
-		return errdefs.Invalid("kind must be base, workspace or toolkit, not %q", kind)
+		return errdefs.Invalid("kind must be base, workspace, toolkit or vm, not %q", kind)
 	}
 	name, tag, err := ParseRef(q.Get("name"))
 	if err != nil {
@@ -87,7 +87,14 @@ func (s *Server) createLayer(w http.ResponseWriter, r *http.Request) error {
 		return fmt.Errorf("only an admin can publish a public layer: %w", errdefs.ErrPermissionDenied)
 	}
 	defer s.layerWriter()()
-	d, err := s.importLayer(r.Context(), http.MaxBytesReader(w, r.Body, s.cfg.MaxLayerBytes))
+	body := http.MaxBytesReader(w, r.Body, s.cfg.MaxLayerBytes)
+	var d layer.Desc
+	if kind == api.KindVM {
+		// A vm layer is a disk image (qcow2 or raw), stored as it is.
+		d, err = s.cfg.Layers.ImportDisk(r.Context(), body, s.cfg.MaxLayerBytes)
+	} else {
+		d, err = s.importLayer(r.Context(), body)
+	}
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {

@@ -198,7 +198,7 @@ func (s *Server) reapReason(sb store.Sandbox, now time.Time) string {
 	if sb.DeletedAt != nil || sb.API.State == api.StateDeleted || sb.API.State == api.StateFailed {
 		return ""
 	}
-	if sb.API.State == api.StateCreating && now.Sub(sb.API.CreatedAt) < createTimeout {
+	if sb.API.State == api.StateCreating && now.Sub(sb.API.CreatedAt) < createTimeoutFor(sb.API.Backend) {
 		return "" // its create is still in flight
 	}
 	if sb.API.ExpiresAt != nil && !sb.API.ExpiresAt.After(now) {

@@ -168,7 +168,7 @@ func TestOpenAPISchemas(t *testing.T) {
 		"FnCallPool": api.FnCallPool{}, "FnCallPoolList": api.FnCallPoolList{},
 		"Phase": api.Phase{}, "FileRules": api.FileRules{}, "SetPhaseRequest": api.SetPhaseRequest{},
 		"Profile": api.Profile{}, "CreateSandboxRequest": api.CreateSandboxRequest{},
-		"Sandbox": api.Sandbox{}, "RenewRequest": api.RenewRequest{}, "SandboxList": api.SandboxList{},
+		"Sandbox": api.Sandbox{}, "Display": api.Display{}, "InputAction": api.InputAction{}, "InputRequest": api.InputRequest{}, "InputResult": api.InputResult{}, "RenewRequest": api.RenewRequest{}, "SandboxList": api.SandboxList{},
 		"Trajectory": api.Trajectory{}, "Checkpoint": api.Checkpoint{}, "RestoreRequest": api.RestoreRequest{},
 		"RestoreResult": api.RestoreResult{}, "TrajectoryStep": api.TrajectoryStep{},
 		"TrajectoryLog": api.TrajectoryLog{}, "ExecRequest": api.ExecRequest{}, "ExecResult": api.ExecResult{},

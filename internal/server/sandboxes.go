@@ -62,6 +62,9 @@ func (s *Server) validate(ctx context.Context, tenant string, req api.CreateSand
 		if err != nil {
 			return plan{}, err
 		}
+		if err := s.snapshotFits(ctx, tenant, req.Backend, stack); err != nil {
+			return plan{}, err
+		}
 		digests = stack
 		if top, err = s.cachedLayer(ctx, tenant, req.Snapshot); err != nil {
 			return plan{}, err
@@ -80,8 +83,8 @@ func (s *Server) validate(ctx context.Context, tenant string, req api.CreateSand
 		if err != nil {
 			return plan{}, err
 		}
-		if lay.Kind != l.kind {
-			return plan{}, errdefs.Invalid("layer %s is a %s layer, not a %s layer", l.ref, lay.Kind, l.kind)
+		if err := layerFits(req.Backend, l.kind, l.ref, lay.Kind); err != nil {
+			return plan{}, err
 		}
 		digests = append(digests, lay.Digest)
 		top = lay
@@ -171,7 +174,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	p.gone = r.Context().Done()
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), p.wait+createTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), p.wait+createTimeoutFor(p.req.Backend))
 	defer cancel()
 	var sb store.Sandbox
 	if p.req.Backend == api.BackendFnCall {
@@ -230,7 +233,7 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	httpapi.WriteJSON(w, http.StatusOK, s.view(sb))
+	httpapi.WriteJSON(w, http.StatusOK, s.withDisplay(r.Context(), s.view(sb)))
 	return nil
 }
 

@@ -304,6 +304,9 @@ func (s *Server) Handler() http.Handler {
 	// A key or a signed URL's token: it authenticates by itself.
 	mux.Handle("/v1/sandboxes/{id}/ports/{port}/{path...}", s.instrument("/v1/sandboxes/{id}/ports/{port}/{path...}", s.portProxy))
 
+	authed("GET /v1/sandboxes/{id}/screen", s.toEdgeDisplay)
+	authed("POST /v1/sandboxes/{id}/input", s.toEdgeDisplay)
+	authed("GET /v1/sandboxes/{id}/vnc", s.toEdgeDisplay)
 	authed("GET /v1/profiles", s.listProfiles)
 
 	authed("POST /v1/fncall", s.fncallCall)

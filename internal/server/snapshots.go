@@ -90,6 +90,10 @@ func (s *Server) packAside(ctx context.Context, sb store.Sandbox, n *node, name,
 		Tenant: sb.Tenant, Name: name, Tag: tag, Digest: res.Digest, Kind: api.KindSnapshot, Size: res.Size,
 		CreatedAt: time.Now().UTC(), Parents: append([]string(nil), stack[:len(stack)-merge]...),
 	}
+	if sb.API.Backend == api.BackendFullVM {
+		// A full VM's snapshot is a whole disk: a vm layer of its own.
+		l.Kind, l.Parents = api.KindVM, nil
+	}
 	if err := s.store.PutLayer(ctx, l); err != nil {
 		return store.Layer{}, 0, err
 	}
@@ -118,6 +122,9 @@ func (s *Server) snapshotStack(ctx context.Context, tenant, ref string) ([]strin
 	l, err := s.resolveLayer(ctx, tenant, ref)
 	if err != nil {
 		return nil, err
+	}
+	if l.Kind == api.KindVM {
+		return []string{l.Digest}, nil // a full VM's snapshot: the whole disk
 	}
 	if l.Kind != api.KindSnapshot {
 		return nil, errdefs.Invalid("layer %s is a %s layer, not a snapshot", ref, l.Kind)

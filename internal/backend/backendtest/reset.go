@@ -40,7 +40,11 @@ func resetClean(t *testing.T, f Fixture, spec func(string) backend.Spec) {
 	}
 	t.Cleanup(func() { b.Destroy(context.Background(), sp.ID) })
 	fresh := run(t, agentOf(b, sp.ID), probe)
-	for i := 1; i <= 3; i++ {
+	n := 3
+	if f.Lean {
+		n = 1
+	}
+	for i := 1; i <= n; i++ {
 		t.Run(fmt.Sprintf("reset %d", i), func(t *testing.T) {
 			ag := agentOf(b, sp.ID)
 			if out := run(t, ag, dirty); !strings.HasSuffix(out, "ok\n") {

@@ -74,7 +74,7 @@ func pruneImages(dir string, keep map[string]bool) {
 	entries, _ := os.ReadDir(dir)
 	for _, e := range entries {
 		if p := filepath.Join(dir, e.Name()); !keep[p] {
-			os.Remove(p)
+			os.RemoveAll(p) // a full VM's kernel and initrd are a directory
 		}
 	}
 }

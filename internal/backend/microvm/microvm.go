@@ -70,11 +70,17 @@ type Config struct {
 	// VMs uncapped.
 	CgroupParent string
 	// BootTimeout bounds a boot, from starting the VMM to the agent's
-	// answer; 2 minutes by default (TCG on a loaded host is slow).
+	// answer; 2 minutes by default (TCG on a loaded host is slow), 10
+	// for full VMs.
 	BootTimeout time.Duration
 	// Link tunes the serial link: how soon an unresponsive guest is
 	// declared hung.
-	Link   vmlink.ClientConfig
+	Link vmlink.ClientConfig
+	// FullVM makes this the fullvm backend: each sandbox is a q35 PC
+	// booting a vm layer's disk image (its own kernel, initrd and
+	// systemd, the agent a unit of it) over a qcow2 overlay; Kernel and
+	// AgentPath are not used.
+	FullVM bool
 	Logger *slog.Logger
 }
 
@@ -84,6 +90,9 @@ type Backend struct {
 	initrd string
 	log    *slog.Logger
 	cg     *cpuCgroups // nil: no CPU caps
+
+	// inspectMu serializes copying kernels out of vm layers.
+	inspectMu sync.Mutex
 
 	mu  sync.Mutex
 	vms map[string]*vm
@@ -127,11 +136,16 @@ var (
 
 // New prepares the backend's directories and the guests' initramfs.
 func New(cfg Config) (*Backend, error) {
-	if cfg.VMM == nil || cfg.AgentPath == "" || cfg.Kernel.Image == "" {
+	if cfg.VMM == nil || (!cfg.FullVM && (cfg.AgentPath == "" || cfg.Kernel.Image == "")) {
 		return nil, errors.New("microvm backend: needs a VMM, a guest kernel and the agent binary")
 	}
 	if cfg.BootTimeout <= 0 {
 		cfg.BootTimeout = 2 * time.Minute
+		if cfg.FullVM {
+			// A whole distribution boots, under TCG in tens of seconds
+			// on an idle host, minutes on a loaded one.
+			cfg.BootTimeout = 10 * time.Minute
+		}
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -141,16 +155,21 @@ func New(cfg Config) (*Backend, error) {
 			return nil, fmt.Errorf("microvm backend: %w", err)
 		}
 	}
-	initrd, err := buildInitramfs(filepath.Join(cfg.Root, "images"), cfg.AgentPath, cfg.Kernel, cfg.Vsock)
-	if err != nil {
-		return nil, fmt.Errorf("microvm backend: initramfs: %w", err)
+	var initrd string
+	if !cfg.FullVM {
+		var err error
+		initrd, err = buildInitramfs(filepath.Join(cfg.Root, "images"), cfg.AgentPath, cfg.Kernel, cfg.Vsock)
+		if err != nil {
+			return nil, fmt.Errorf("microvm backend: initramfs: %w", err)
+		}
 	}
 	b := &Backend{
 		cfg:    cfg,
 		initrd: initrd,
-		log:    cfg.Logger.With("backend", api.BackendMicroVM),
 		vms:    map[string]*vm{},
 	}
+	b.log = cfg.Logger.With("backend", b.Name())
+	var err error
 	if cfg.CgroupParent != "" {
 		if b.cg, err = findCPUCgroups(); err != nil {
 			b.log.Warn("the CPU time of microVMs is not capped", "err", err)
@@ -160,7 +179,12 @@ func New(cfg Config) (*Backend, error) {
 }
 
 // Name implements backend.Backend.
-func (b *Backend) Name() string { return api.BackendMicroVM }
+func (b *Backend) Name() string {
+	if b.cfg.FullVM {
+		return api.BackendFullVM
+	}
+	return api.BackendMicroVM
+}
 
 // Accel is the accelerator the VMs run with ("kvm" or "tcg").
 func (b *Backend) Accel() string { return b.cfg.VMM.Accel() }
@@ -261,7 +285,11 @@ func (b *Backend) machine(spec backend.Spec) Machine {
 
 // Create implements backend.Backend.
 func (b *Backend) Create(ctx context.Context, spec backend.Spec) (err error) {
-	if err := validate(spec); err != nil {
+	check := validate
+	if b.cfg.FullVM {
+		check = validateFull
+	}
+	if err := check(spec); err != nil {
 		return err
 	}
 	if err := layersPresent(spec); err != nil {
@@ -274,7 +302,16 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (err error) {
 		}
 		return fmt.Errorf("create sandbox %s: %w", spec.ID, err)
 	}
-	v := &vm{Spec: spec, Machine: b.machine(spec)}
+	v := &vm{Spec: spec}
+	if b.cfg.FullVM {
+		v.Machine, err = b.fullMachine(ctx, spec)
+		if err != nil {
+			os.RemoveAll(dir)
+			return fmt.Errorf("sandbox %s: %w", spec.ID, err)
+		}
+	} else {
+		v.Machine = b.machine(spec)
+	}
 	v.link = newLink(&v.Machine, b.cfg.Link)
 	defer func() {
 		if err != nil {
@@ -304,7 +341,11 @@ func (b *Backend) boot(ctx context.Context, v *vm, freshDisk bool) (err error) {
 	if err := guestinit.WriteConfigDrive(filepath.Join(dir, "config.img"), cfg); err != nil {
 		return fmt.Errorf("boot sandbox %s: %w", id, err)
 	}
-	if freshDisk {
+	if freshDisk && v.Machine.Type == TypeQ35 {
+		if err := b.makeOverlay(ctx, v); err != nil {
+			return fmt.Errorf("boot sandbox %s: %w", id, err)
+		}
+	} else if freshDisk {
 		disk := v.Spec.Resources.DiskMB
 		if disk <= 0 {
 			disk = defaultDiskMB

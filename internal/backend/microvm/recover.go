@@ -46,7 +46,14 @@ func (b *Backend) Recover(ctx context.Context) ([]backend.Spec, error) {
 		v.link = newLink(&v.Machine, b.cfg.Link)
 		if !v.proc().Alive() {
 			b.removeCgroup(id)
-			if _, err := os.Stat(v.Machine.Initrd); err != nil {
+			if v.Machine.Type == TypeQ35 {
+				if _, err := os.Stat(v.Machine.Kernel); err != nil {
+					m, err := b.fullMachine(ctx, v.Spec) // its kernel was pruned: copy it out again
+					if err == nil {
+						v.Machine.Kernel, v.Machine.Initrd = m.Kernel, m.Initrd
+					}
+				}
+			} else if _, err := os.Stat(v.Machine.Initrd); err != nil {
 				v.Machine.Initrd = b.initrd // its image is gone: boot the current one
 			}
 			if err := b.repair(ctx, v); err != nil {
@@ -60,6 +67,9 @@ func (b *Backend) Recover(ctx context.Context) ([]backend.Spec, error) {
 			v.link.paused.Store(true)
 		}
 		images[v.Machine.Initrd] = true
+		if v.Machine.Type == TypeQ35 {
+			images[filepath.Dir(v.Machine.Kernel)] = true
+		}
 		known[id] = true
 		b.mu.Lock()
 		b.vms[id] = v
@@ -76,7 +86,11 @@ func (b *Backend) repair(ctx context.Context, v *vm) error {
 	if err := layersPresent(v.Spec); err != nil {
 		return err
 	}
-	if _, err := os.Stat(filepath.Join(v.Machine.Dir, "rw.img")); err != nil {
+	disk := "rw.img"
+	if v.Machine.Type == TypeQ35 {
+		disk = overlayFile
+	}
+	if _, err := os.Stat(filepath.Join(v.Machine.Dir, disk)); err != nil {
 		return fmt.Errorf("writable disk: %w", err)
 	}
 	return b.boot(ctx, v, false)

@@ -34,6 +34,9 @@ func (b *Backend) Snapshot(ctx context.Context, id string, merge int, pack func(
 	if err != nil {
 		return err
 	}
+	if v.Machine.Type == TypeQ35 {
+		return errdefs.Invalid("sandbox %s is a full VM: its snapshot is a disk image (a vm layer), not a layer of changes", id)
+	}
 	if merge < 0 || merge > len(v.Spec.Layers) {
 		return errdefs.Invalid("merge %d: the sandbox has %d layers", merge, len(v.Spec.Layers))
 	}

@@ -45,6 +45,10 @@ const (
 // the sandbox, so fields are only ever added.
 type Machine struct {
 	ID string `json:"id"`
+	// Type is "" for QEMU's microvm machine (virtio-mmio, our initramfs)
+	// or TypeQ35 for a full PC (PCI, firmware, a VGA screen, USB tablet)
+	// booting a vm layer's own kernel and init.
+	Type string `json:"type,omitempty"`
 	// Dir holds the machine's sockets, pid file and console log.
 	Dir     string `json:"dir"`
 	Kernel  string `json:"kernel"`
@@ -66,7 +70,12 @@ type Drive struct {
 	Path     string `json:"path"`
 	Serial   string `json:"serial"`
 	ReadOnly bool   `json:"read_only"`
+	// Format is "raw" (the default) or "qcow2".
+	Format string `json:"format,omitempty"`
 }
+
+// TypeQ35 is the Machine.Type of a full VM.
+const TypeQ35 = "q35"
 
 // Files in a machine's directory.
 const (
@@ -74,6 +83,8 @@ const (
 	ControlSock = "control.sock" // the VMM's control API (QMP for QEMU)
 	ConsoleLog  = "console.log"
 	PidFile     = "vmm.pid"
+	// VNCSocket is a full VM's VNC server (its screen, keyboard, mouse).
+	VNCSocket = "vnc.sock"
 )
 
 // Process identifies a machine's VMM process: the pid and its start time

@@ -404,3 +404,40 @@ def logs_query(stream: Optional[str], offset: int, stderr_offset: int, follow: b
     if follow:
         q.append(("follow", "1"))
     return q
+
+
+# -- screen and input (fullvm sandboxes) ---------------------------------------------------------
+
+INPUT_TIMEOUT = 180.0  # the actions' waits (up to 60 s) and typing under emulation
+
+
+def screen(sid: str, timeout: float) -> Req:
+    return jreq("GET", sb_path(sid, "screen"), timeout=timeout)
+
+
+def input_req(sid: str, actions: List[Dict[str, Any]]) -> Req:
+    return jreq("POST", sb_path(sid, "input"), {"actions": list(actions)}, timeout=INPUT_TIMEOUT)
+
+
+def act_click(x: int, y: int, button: str = "left", count: int = 1) -> Dict[str, Any]:
+    return {"type": "click", "x": x, "y": y, "button": button, "count": count}
+
+
+def act_move(x: int, y: int) -> Dict[str, Any]:
+    return {"type": "move", "x": x, "y": y}
+
+
+def act_drag(x0: int, y0: int, x1: int, y1: int) -> Dict[str, Any]:
+    return {"type": "drag", "from": [x0, y0], "to": [x1, y1]}
+
+
+def act_scroll(x: int, y: int, dx: int = 0, dy: int = 0) -> Dict[str, Any]:
+    return {"type": "scroll", "x": x, "y": y, "dx": dx, "dy": dy}
+
+
+def act_type(text: str) -> Dict[str, Any]:
+    return {"type": "type", "text": text}
+
+
+def act_key(keys: str) -> Dict[str, Any]:
+    return {"type": "key", "keys": keys}

@@ -283,6 +283,34 @@ class AsyncSandbox:
         d = await self.client._json(_ops.jreq("GET", _ops.proc_path(self.id)))
         return [AsyncProcess(self, ProcessInfo.from_json(p)) for p in d["processes"]]
 
+    async def screenshot(self) -> bytes:
+        resp = await self.client._send(_ops.screen(self.id, self.client.timeout))
+        return await resp.read(self.client.timeout)
+
+    async def input(self, actions: List[Dict[str, Any]]) -> Dict[str, Any]:
+        return await self.client._json(_ops.input_req(self.id, actions))
+
+    async def click(self, x: int, y: int, button: str = "left") -> Dict[str, Any]:
+        return await self.input([_ops.act_click(x, y, button)])
+
+    async def double_click(self, x: int, y: int, button: str = "left") -> Dict[str, Any]:
+        return await self.input([_ops.act_click(x, y, button, 2)])
+
+    async def move(self, x: int, y: int) -> Dict[str, Any]:
+        return await self.input([_ops.act_move(x, y)])
+
+    async def drag(self, x0: int, y0: int, x1: int, y1: int) -> Dict[str, Any]:
+        return await self.input([_ops.act_drag(x0, y0, x1, y1)])
+
+    async def scroll(self, x: int, y: int, dx: int = 0, dy: int = 0) -> Dict[str, Any]:
+        return await self.input([_ops.act_scroll(x, y, dx, dy)])
+
+    async def type(self, text: str) -> Dict[str, Any]:
+        return await self.input([_ops.act_type(text)])
+
+    async def key(self, keys: str) -> Dict[str, Any]:
+        return await self.input([_ops.act_key(keys)])
+
     async def read_file(self, path: str) -> bytes:
         resp = await self.client._send(_ops.files("GET", self.id, path, self.client.timeout))
         return await resp.read(self.client.timeout)

@@ -398,6 +398,39 @@ class Sandbox:
         """A background process by id (``p-1``...)."""
         return Process(self, ProcessInfo(id=pid)).refresh()
 
+    # -- screen and input (fullvm sandboxes) -----------------------------------------------------
+
+    def screenshot(self) -> bytes:
+        """The screen as PNG bytes."""
+        return self.client._send(_ops.screen(self.id, self.client.timeout)).read()
+
+    def input(self, actions: List[Dict[str, Any]]) -> Dict[str, Any]:
+        """Performs input actions in order ({"type": "click", "x": 1, "y": 2}, ...); answers when done."""
+        return self.client._json(_ops.input_req(self.id, actions))
+
+    def click(self, x: int, y: int, button: str = "left") -> Dict[str, Any]:
+        return self.input([_ops.act_click(x, y, button)])
+
+    def double_click(self, x: int, y: int, button: str = "left") -> Dict[str, Any]:
+        return self.input([_ops.act_click(x, y, button, 2)])
+
+    def move(self, x: int, y: int) -> Dict[str, Any]:
+        return self.input([_ops.act_move(x, y)])
+
+    def drag(self, x0: int, y0: int, x1: int, y1: int) -> Dict[str, Any]:
+        return self.input([_ops.act_drag(x0, y0, x1, y1)])
+
+    def scroll(self, x: int, y: int, dx: int = 0, dy: int = 0) -> Dict[str, Any]:
+        return self.input([_ops.act_scroll(x, y, dx, dy)])
+
+    def type(self, text: str) -> Dict[str, Any]:
+        """Types text (printable ASCII, newline, tab) on a US keyboard."""
+        return self.input([_ops.act_type(text)])
+
+    def key(self, keys: str) -> Dict[str, Any]:
+        """Presses a chord such as "ctrl+c" or "Return"."""
+        return self.input([_ops.act_key(keys)])
+
     # -- files ----------------------------------------------------------------------------------
 
     def read_file(self, path: str) -> bytes:

@@ -114,6 +114,9 @@ func (v *VMM) cmdline(base string) string {
 }
 
 func (v *VMM) args(m *microvm.Machine) []string {
+	if m.Type == microvm.TypeQ35 {
+		return v.fullArgs(m)
+	}
 	a := machineArgs(v.accel)
 	a = append(a,
 		"-name", "guest=dsec-"+m.ID,
@@ -132,7 +135,7 @@ func (v *VMM) args(m *microvm.Machine) []string {
 		}
 		id := "drive" + strconv.Itoa(i)
 		a = append(a,
-			"-drive", "id="+id+",file="+escape(d.Path)+",format=raw,if=none,readonly="+ro,
+			"-drive", "id="+id+",file="+escape(d.Path)+",format="+format(d)+",if=none,readonly="+ro,
 			"-device", "virtio-blk-device,drive="+id+",serial="+d.Serial)
 	}
 	// Free page reporting: pages the guest frees (the boot's decompression
@@ -176,6 +179,9 @@ func (v *VMM) Start(ctx context.Context, m *microvm.Machine) (microvm.Process, e
 	os.Remove(pidFile)
 	cmd := exec.CommandContext(ctx, v.bin, v.args(m)...)
 	cmd.ExtraFiles = files
+	if m.Type == microvm.TypeQ35 {
+		cmd.Dir = m.Dir // where its VNC socket goes, by a short relative name
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out

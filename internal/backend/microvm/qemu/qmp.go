@@ -17,9 +17,17 @@ import (
 func qmp(ctx context.Context, sock, command string, args, out any) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
+	return qmpSession(ctx, sock, func(run func(command string, args, out any) error) error {
+		return run(command, args, out)
+	})
+}
+
+// qmpSession opens one QMP connection, negotiates capabilities and hands
+// f a function that runs commands on it, until f returns or ctx ends.
+func qmpSession(ctx context.Context, sock string, f func(run func(command string, args, out any) error) error) error {
 	c, err := microvm.DialUnix(ctx, sock)
 	if err != nil {
-		return fmt.Errorf("qmp %s: %w", command, err)
+		return fmt.Errorf("qmp: %w", err)
 	}
 	defer c.Close()
 	if dl, ok := ctx.Deadline(); ok {
@@ -33,22 +41,18 @@ func qmp(ctx context.Context, sock, command string, args, out any) error {
 		QMP json.RawMessage `json:"QMP"`
 	}
 	if err := readMsg(r, &greeting); err != nil {
-		return fmt.Errorf("qmp %s: greeting: %w", command, err)
+		return fmt.Errorf("qmp: greeting: %w", err)
 	}
 	if greeting.QMP == nil {
-		return fmt.Errorf("qmp %s: no greeting", command)
+		return fmt.Errorf("qmp: no greeting")
 	}
-	for _, cmd := range []struct {
-		name string
-		args any
-		out  any
-	}{{"qmp_capabilities", nil, nil}, {command, args, out}} {
-		req := map[string]any{"execute": cmd.name}
-		if cmd.args != nil {
-			req["arguments"] = cmd.args
+	run := func(name string, args, out any) error {
+		req := map[string]any{"execute": name}
+		if args != nil {
+			req["arguments"] = args
 		}
 		if err := enc.Encode(req); err != nil {
-			return fmt.Errorf("qmp %s: %w", cmd.name, err)
+			return fmt.Errorf("qmp %s: %w", name, err)
 		}
 		for {
 			var resp struct {
@@ -60,23 +64,26 @@ func qmp(ctx context.Context, sock, command string, args, out any) error {
 				Event string `json:"event"`
 			}
 			if err := readMsg(r, &resp); err != nil {
-				return fmt.Errorf("qmp %s: %w", cmd.name, err)
+				return fmt.Errorf("qmp %s: %w", name, err)
 			}
 			if resp.Event != "" {
 				continue
 			}
 			if resp.Error != nil {
-				return &qmpError{cmd: cmd.name, class: resp.Error.Class, desc: resp.Error.Desc}
+				return &qmpError{cmd: name, class: resp.Error.Class, desc: resp.Error.Desc}
 			}
-			if cmd.out != nil {
-				if err := json.Unmarshal(resp.Return, cmd.out); err != nil {
-					return fmt.Errorf("qmp %s: %w", cmd.name, err)
+			if out != nil {
+				if err := json.Unmarshal(resp.Return, out); err != nil {
+					return fmt.Errorf("qmp %s: %w", name, err)
 				}
 			}
-			break
+			return nil
 		}
 	}
-	return nil
+	if err := run("qmp_capabilities", nil, nil); err != nil {
+		return err
+	}
+	return f(run)
 }
 
 func readMsg(r *bufio.Reader, v any) error {

@@ -1,0 +1,116 @@
+package edge
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strconv"
+
+	"github.com/coder/websocket"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/backend"
+	"github.com/dsec-project/dsec/internal/errdefs"
+	"github.com/dsec-project/dsec/internal/httpapi"
+)
+
+// display is the screen backend of a sandbox.
+func (e *Edge) display(id string) (backend.Display, error) {
+	sb, err := e.get(id)
+	if err != nil {
+		return nil, err
+	}
+	d, ok := sb.backend.(backend.Display)
+	if !ok {
+		return nil, errdefs.Invalid("sandbox %s has no screen: its backend %s has none", id, sb.backend.Name())
+	}
+	return d, nil
+}
+
+// Screenshot returns a sandbox's screen as PNG.
+func (e *Edge) Screenshot(ctx context.Context, id string) ([]byte, api.Display, error) {
+	d, err := e.display(id)
+	if err != nil {
+		return nil, api.Display{}, err
+	}
+	return d.Screenshot(ctx, id)
+}
+
+// Input performs input actions on a sandbox's screen.
+func (e *Edge) Input(ctx context.Context, id string, actions []api.InputAction) (api.Display, error) {
+	d, err := e.display(id)
+	if err != nil {
+		return api.Display{}, err
+	}
+	return d.Input(ctx, id, actions)
+}
+
+// displayRoutes serves the screen API of the edge: the control plane
+// proxies its own routes of the same paths here.
+func (e *Edge) displayRoutes(mux *http.ServeMux) {
+	mux.HandleFunc("GET /v1/sandboxes/{id}/screen", func(w http.ResponseWriter, r *http.Request) {
+		png, d, err := e.Screenshot(r.Context(), r.PathValue("id"))
+		if err != nil {
+			httpapi.WriteError(w, r, err)
+			return
+		}
+		w.Header().Set("Content-Type", "image/png")
+		w.Header().Set("Content-Length", strconv.Itoa(len(png)))
+		w.Header().Set("X-Display-Width", strconv.Itoa(d.Width))
+		w.Header().Set("X-Display-Height", strconv.Itoa(d.Height))
+		w.Write(png)
+	})
+	mux.HandleFunc("POST /v1/sandboxes/{id}/input", func(w http.ResponseWriter, r *http.Request) {
+		var req api.InputRequest
+		if err := httpapi.DecodeJSON(r, &req); err != nil {
+			httpapi.WriteError(w, r, err)
+			return
+		}
+		d, err := e.Input(r.Context(), r.PathValue("id"), req.Actions)
+		if err != nil {
+			httpapi.WriteError(w, r, err)
+			return
+		}
+		httpapi.WriteJSON(w, http.StatusOK, api.InputResult{Done: len(req.Actions), Display: d})
+	})
+	mux.HandleFunc("GET /v1/sandboxes/{id}/vnc", e.serveVNC)
+	mux.HandleFunc("GET /v1/sandboxes/{id}/display", func(w http.ResponseWriter, r *http.Request) {
+		_, d, err := e.Screenshot(r.Context(), r.PathValue("id"))
+		if err != nil {
+			httpapi.WriteError(w, r, err)
+			return
+		}
+		httpapi.WriteJSON(w, http.StatusOK, d)
+	})
+}
+
+// serveVNC bridges a WebSocket (binary messages) to the sandbox's VNC
+// server: RFB, as noVNC and other WebSocket VNC clients speak it.
+func (e *Edge) serveVNC(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	d, err := e.display(id)
+	if err != nil {
+		httpapi.WriteError(w, r, err)
+		return
+	}
+	conn, err := d.DialVNC(r.Context(), id)
+	if err != nil {
+		httpapi.WriteError(w, r, err)
+		return
+	}
+	defer conn.Close()
+	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{
+		Subprotocols: []string{"binary"}, InsecureSkipVerify: true, // the control plane checked the caller
+	})
+	if err != nil {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	nc := websocket.NetConn(ctx, ws, websocket.MessageBinary)
+	defer nc.Close()
+	done := make(chan struct{}, 2)
+	go func() { io.Copy(nc, conn); done <- struct{}{} }()
+	go func() { io.Copy(conn, nc); done <- struct{}{} }()
+	<-done
+}
