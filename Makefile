@@ -13,7 +13,7 @@ LISTEN  ?= 127.0.0.1:7070
 # Debian packages dsec needs on a node, and the tests beside: PostgreSQL
 # (the HA store's tests start private servers), util-linux (nsenter) and
 # iproute2 (the multi-host test's network namespaces).
-DEBS    := runc erofs-utils busybox-static fuse3 iproute2 util-linux postgresql python3 e2fsprogs nftables debootstrap git qemu-system-x86
+DEBS    := runc erofs-utils busybox-static fuse3 iproute2 util-linux postgresql python3 e2fsprogs nftables debootstrap git qemu-system-x86 chromium
 # Go tools the tests run (a real S3 server), built into bin/.
 VERSITYGW := github.com/versity/versitygw/cmd/versitygw@v1.8.0
 # The microVM guest kernel: Debian's cloud kernel, unpacked (never committed).

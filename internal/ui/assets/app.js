@@ -6,6 +6,7 @@ import { h, badge, errorBox, bar, fmt, bytes, when } from "./dom.js";
 
 const main = document.getElementById("main");
 const session = { admin: null }; // learnt from GET /v1/nodes after sign-in
+let flash = ""; // the outcome of an action, shown once on the page it re-renders
 
 function route() {
   const raw = location.hash.replace(/^#\/?/, "");
@@ -53,7 +54,9 @@ function signin(r) {
         session.admin = (await whoami()).admin;
         go("#/overview");
       } catch (e) {
-        if (e.status !== 401) msg.replaceChildren(errorBox(e));
+        // A 401 also sends us to #/signin?expired=1; say it here in case
+        // the hash was that already.
+        msg.replaceChildren(errorBox(e.status === 401 ? "The key was refused (unknown, revoked or malformed)." : e));
       }
     }
   },
@@ -166,11 +169,12 @@ async function sandbox(r) {
   const id = r.args[0];
   const base = "/v1/sandboxes/" + encodeURIComponent(id);
   const s = await call(base);
-  const msg = h("div", { id: "action-msg" });
+  const msg = h("div", { id: "action-msg" }, flash ? h("span", { class: "muted" }, flash) : null);
+  flash = "";
   const act = (name, label, cls, fn) => h("button", {
     type: "button", class: cls, "data-action": name, onclick: async () => {
       if (name === "destroy" && !confirm("Destroy " + id + "?")) return;
-      try { await fn(); msg.replaceChildren(h("span", { class: "muted" }, label + ": done")); render(); } catch (e) { msg.replaceChildren(errorBox(e)); }
+      try { await fn(); flash = label + ": done"; render(); } catch (e) { msg.replaceChildren(errorBox(e)); }
     }
   }, label);
   const live = ["creating", "running", "paused"].includes(s.state);
