@@ -5,6 +5,8 @@
 #   make debian-base   with `make run` going: build the public base layer
 #                      debian:12 (Debian bookworm + python3, pip, git) with
 #                      debootstrap and upload it
+#   make sandboxfusion-base   with `make run` going: build sandboxfusion:latest,
+#                      the base SandboxFusion's /run_code runs in
 #   make guest-kernel   fetch the microVM guest kernel (also done by run and test)
 
 GO      ?= go
@@ -12,8 +14,9 @@ DATA    ?= .dsec
 LISTEN  ?= 127.0.0.1:7070
 # Debian packages dsec needs on a node, and the tests beside: PostgreSQL
 # (the HA store's tests start private servers), util-linux (nsenter) and
-# iproute2 (the multi-host test's network namespaces).
-DEBS    := runc erofs-utils busybox-static fuse3 iproute2 util-linux postgresql python3 e2fsprogs nftables debootstrap git qemu-system-x86 chromium
+# iproute2 (the multi-host test's network namespaces); g++ (copied into the
+# toolchain base of the compatibility tests, internal/e2e/compat_test.go).
+DEBS    := runc erofs-utils busybox-static fuse3 iproute2 util-linux postgresql python3 e2fsprogs nftables debootstrap git qemu-system-x86 g++ chromium
 # Go tools the tests run (a real S3 server), built into bin/.
 VERSITYGW := github.com/versity/versitygw/cmd/versitygw@v1.8.0
 # The microVM guest kernel: Debian's cloud kernel, unpacked (never committed).
@@ -21,7 +24,7 @@ GUEST_KERNEL_PKG ?= linux-image-cloud-amd64
 GUEST_KERNEL     := bin/guest-kernel
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: all build run test deps tools check-go clean debian-base guest-kernel
+.PHONY: all build run test deps tools check-go clean debian-base sandboxfusion-base guest-kernel
 
 all: build
 
@@ -72,6 +75,12 @@ DEBIAN_INCLUDE ?= python3,python3-pip,git
 debian-base: deps build
 	DSEC_URL=http://$(LISTEN) DSEC_API_KEY=$$(cat $(DATA)/admin.key) \
 		./bin/dsec layer build --debootstrap bookworm --include $(DEBIAN_INCLUDE) --name debian:12 --public
+
+# sandboxfusion-base: the public base layer /run_code runs in
+# (sandboxfusion:latest: python3 + pytest, gcc/g++, Go, Node.js), with
+# debootstrap; same DATA and LISTEN as `make run`.
+sandboxfusion-base: deps build
+	DSEC_URL=http://$(LISTEN) DSEC_API_KEY=$$(cat $(DATA)/admin.key) examples/build_sandboxfusion_base.sh
 
 clean:
 	rm -rf bin

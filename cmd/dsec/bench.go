@@ -12,11 +12,12 @@ import (
 	"time"
 
 	"github.com/dsec-project/dsec/internal/bench"
+	"github.com/dsec-project/dsec/internal/server"
 )
 
 func benchCmd(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return errors.New("usage: dsec bench create|reset|seccomp|fncall|batch|trajectory|image|microvm|cluster|soak [flags]")
+		return errors.New("usage: dsec bench create|density|fork|reset|seccomp|fncall|runcode|batch|trajectory|image|microvm|cluster|soak [flags]")
 	}
 	sub, args := args[0], args[1:]
 	fs := flag.NewFlagSet("dsec bench "+sub, flag.ContinueOnError)
@@ -38,6 +39,43 @@ func benchCmd(ctx context.Context, args []string) error {
 		}
 		cfg.Client = newClient()
 		return bench.Create(ctx, cfg)
+	case "fork":
+		cfg := bench.ForkConfig{Out: os.Stdout}
+		fs.StringVar(&cfg.Base, "base", "base:minimal", "base layer")
+		fs.IntVar(&cfg.Copies, "n", 8, "copies (K)")
+		fs.IntVar(&cfg.DataMB, "data-mb", 200, "MiB the parent writes before the fork")
+		fs.StringVar(&cfg.StoreDir, "store-dir", "", "the server's local layer store (<data>/store), to measure its growth")
+		fs.IntVar(&cfg.ServerPID, "server-pid", 0, "pid of the server, to count what it writes to the node's disk")
+		if _, _, err := parseArgs(fs, args); err != nil {
+			return err
+		}
+		cfg.Client = newClient()
+		return bench.Fork(ctx, cfg)
+	case "density":
+		cfg := bench.DensityConfig{Out: os.Stdout}
+		fs.StringVar(&cfg.Base, "base", "base:minimal", "base layer")
+		fs.IntVar(&cfg.Step, "step", 250, "sandboxes added per step (one batch create)")
+		fs.IntVar(&cfg.Max, "max", 0, "live sandboxes to stop at (default: until the nodes' memory or CPU limit is allocated)")
+		fs.Float64Var(&cfg.CPU, "cpu", 0.05, "cpu of each sandbox")
+		fs.Int64Var(&cfg.MemoryMB, "memory", 16, "memory_mb of each sandbox")
+		fs.IntVar(&cfg.Singles, "singles", 5, "create→first exec→destroy cycles timed per step")
+		fs.IntVar(&cfg.Execs, "execs", 50, "warm execs on random live sandboxes timed per step")
+		fs.IntVar(&cfg.BaselineN, "baseline-n", 10, "bare `runc run`s timed at the first and the last step (0: none)")
+		fs.StringVar(&cfg.WorkDir, "workdir", os.TempDir(), "scratch directory for the baseline")
+		fs.StringVar(&cfg.Runc, "runc", "runc", "runc binary for the baseline")
+		fs.StringVar(&cfg.DataDir, "data", "", "the node's edge data directory, checked for leftovers (default: found from the edge's command line)")
+		if _, _, err := parseArgs(fs, args); err != nil {
+			return err
+		}
+		if cfg.Step <= 0 || cfg.CPU <= 0 || cfg.MemoryMB <= 0 {
+			return errors.New("dsec bench density: --step, --cpu and --memory must be positive")
+		}
+		if os.Geteuid() != 0 {
+			return errors.New("dsec bench density reads the node's /proc and runs runc: run it as root on the server's machine")
+		}
+		cfg.URL = fs.Lookup("url").Value.String()
+		cfg.Client = newClient()
+		return bench.Density(ctx, cfg)
 	case "reset":
 		cfg := bench.ResetConfig{Out: os.Stdout}
 		fs.StringVar(&cfg.Base, "base", "base:minimal", "base layer")
@@ -71,6 +109,23 @@ func benchCmd(ctx context.Context, args []string) error {
 		}
 		cfg.Client = newClient()
 		return bench.FnCall(ctx, cfg)
+	case "runcode":
+		cfg := bench.RunCodeConfig{Out: os.Stdout}
+		fs.StringVar(&cfg.Base, "base", server.DefaultFusionBase, "base of the create-per-call baseline (the server's --sandboxfusion-layers base)")
+		fs.StringVar(&cfg.Prefix, "prefix", server.DefaultFusionPrefix, "the server's --sandboxfusion-prefix")
+		fs.IntVar(&cfg.Calls, "n", 200, "/run_code calls")
+		fs.IntVar(&cfg.Baseline, "baseline-n", 40, "create→write→exec→destroy cycles for the baseline")
+		fs.IntVar(&cfg.Concurrency, "concurrency", 8, "calls at a time")
+		fs.Int64Var(&cfg.MemoryMB, "memory", 256, "memory_limit_MB of the calls and memory_mb of the baseline's sandboxes")
+		if _, _, err := parseArgs(fs, args); err != nil {
+			return err
+		}
+		cfg.Client = newClient()
+		cfg.URL, cfg.Key = fs.Lookup("url").Value.String(), fs.Lookup("key").Value.String()
+		if cfg.Key == "" {
+			cfg.Key = localAdminKey()
+		}
+		return bench.RunCode(ctx, cfg)
 	case "batch":
 		cfg := bench.BatchConfig{Out: os.Stdout}
 		fs.StringVar(&cfg.Base, "base", "base:minimal", "base layer")

@@ -30,6 +30,9 @@ func layerCmd(ctx context.Context, args []string) error {
 	newClient := clientFlags(fs)
 	switch sub {
 	case "build", "import":
+		if sub == "build" && hasFlag(args, "dockerfile") {
+			return dockerfileBuild(ctx, fs, newClient, args)
+		}
 		kind := fs.String("kind", "base", "base, workspace or toolkit")
 		name := fs.String("name", "", "NAME:TAG")
 		public := fs.Bool("public", false, "visible to every tenant (admin only)")
@@ -114,8 +117,16 @@ func layerBuild(ctx context.Context, c *client.Client, kind, name, src string, p
 // built by a user keeps the ownership the files have.
 func writeTar(w io.Writer, dir string) error {
 	tw := tar.NewWriter(w)
+	if err := writeTarTo(tw, dir); err != nil {
+		return err
+	}
+	return tw.Close()
+}
+
+// writeTarTo writes dir's entries to tw.
+func writeTarTo(tw *tar.Writer, dir string) error {
 	links := map[[2]uint64]string{}
-	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+	return filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
@@ -164,10 +175,6 @@ func writeTar(w io.Writer, dir string) error {
 		}
 		return nil
 	})
-	if err != nil {
-		return err
-	}
-	return tw.Close()
 }
 
 // progressReader counts bytes read and reports them while a long upload

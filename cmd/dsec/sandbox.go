@@ -19,7 +19,7 @@ import (
 
 func sandboxCmd(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return errors.New("usage: dsec sandbox create|ls|get|rm|exec|cp|reset|pause|resume|renew|snapshot")
+		return errors.New("usage: dsec sandbox create|ls|get|rm|exec|cp|reset|pause|resume|renew|snapshot|fork")
 	}
 	sub, args := args[0], args[1:]
 	fs := flag.NewFlagSet("dsec sandbox "+sub, flag.ContinueOnError)
@@ -74,6 +74,8 @@ func sandboxCmd(ctx context.Context, args []string) error {
 			fmt.Println(l.Ref)
 			return nil
 		})
+	case "fork":
+		return sandboxFork(ctx, fs, newClient, args)
 	case "exec":
 		return sandboxExec(ctx, fs, newClient, args)
 	case "cp":

@@ -204,6 +204,8 @@ func serverCmd(ctx context.Context, args []string) error {
 	overcommit := fs.Float64("cpu-overcommit", scheduler.DefaultConfig.CPUOvercommit, "how many times a node's cores may be promised to sandboxes")
 	burst := fs.Float64("burst-threshold", scheduler.DefaultConfig.BurstThreshold, "utilisation of the regular nodes above which burst-eligible sandboxes go to burst nodes")
 	nodeTimeout := fs.Duration("node-timeout", 10*time.Second, "a node unheard for this long is down and its sandboxes lost")
+	var compat compatFlags
+	compat.register(fs)
 	var nf nodeFlags
 	nf.register(fs)
 	if err := fs.Parse(args); err != nil {
@@ -256,7 +258,7 @@ func serverCmd(ctx context.Context, args []string) error {
 		DefaultIdleTimeout: idle.Truncate(time.Second), TrajectoryRetention: *retention,
 		FnCall: fc, BatchParallel: *batchParallel, MaxSnapshotDepth: *snapDepth,
 		Scheduler: scheduler.New(sched), ClusterToken: *clusterToken, NodeTimeout: *nodeTimeout,
-		CheckpointsKept: *ckptKept, KeepLayerObjects: *db != "",
+		CheckpointsKept: *ckptKept, KeepLayerObjects: *db != "", Compat: compat.config(),
 	})
 	if *localEdge {
 		nodeLayers, err := nf.nodeLayers(ctx, filepath.Join(dataDir, "edge"), *storeLoc, localStore, layers, log)

@@ -121,7 +121,7 @@ func parse(req *api.ExecRequest) (*execSpec, error) {
 	}
 	dir := req.Cwd
 	if dir == "" {
-		dir = "/"
+		dir = defaultCwd()
 	}
 	if !filepath.IsAbs(dir) || hasNUL(dir) {
 		return nil, errdefs.Invalid("cwd %q is not an absolute path", dir)
@@ -294,4 +294,15 @@ func logExec(r *http.Request, spec *execSpec, c *command, res *api.ExecResult) {
 	}
 	logger(r).Info("exec", "argv0", spec.argv[0], "pid", pid, "exit_code", res.ExitCode,
 		"signal", res.Signal, "timed_out", res.TimedOut, "duration_ms", res.DurationMs)
+}
+
+// defaultCwd is where a command without a cwd runs: the sandbox's
+// DSEC_WORKDIR (a built layer's WORKDIR) if it is a directory, else /.
+func defaultCwd() string {
+	if d := os.Getenv("DSEC_WORKDIR"); filepath.IsAbs(d) {
+		if st, err := os.Stat(d); err == nil && st.IsDir() {
+			return d
+		}
+	}
+	return "/"
 }

@@ -1,11 +1,15 @@
 package agent
 
 import (
+	"fmt"
 	"net/http"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/internal/errdefs"
 )
@@ -85,7 +89,7 @@ func (s *Server) forker() forkFunc {
 		s.policyMu.Lock()
 		defer s.policyMu.Unlock()
 		if s.spawner == nil {
-			sp, err := newSpawner(s.cfg.Root, s.files, s.cfg.DropAdmin, s.cfg.CommandFilter)
+			sp, err := newSpawner(s.cfg.Root, s.files, s.cfg.DropAdmin, s.cfg.CommandFilter, s.cmdTasks)
 			if err != nil {
 				return 0, &confineError{err}
 			}
@@ -113,15 +117,26 @@ type spawnRes struct {
 	err error
 }
 
-// newSpawner starts a spawner thread: with noAdmin it gives up
-// CAP_SYS_ADMIN (which a container's agent keeps for resets), confines itself with Landlock to rules and,
-// if filter is set, installs the commands' seccomp filter on top of the
-// agent's. Every command inherits all three.
-func newSpawner(root string, rules FileRules, noAdmin bool, filter []byte) (*spawner, error) {
+// newSpawner starts a spawner thread: with tasks (>= 0) it moves itself
+// into the commands' cgroup v1 cpu cgroup, whose tasks file that is; with
+// noAdmin it gives up CAP_SYS_ADMIN (which a container's agent keeps for
+// resets), confines itself with Landlock to rules and, if filter is set,
+// installs the commands' seccomp filter on top of the agent's. Every
+// command inherits all four.
+func newSpawner(root string, rules FileRules, noAdmin bool, filter []byte, tasks int) (*spawner, error) {
 	sp := &spawner{reqs: make(chan spawnReq)}
 	ready := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread dies with this goroutine
+		if tasks >= 0 {
+			// cgroup v1 places threads one by one: this one, and so every
+			// command it forks, is charged to the commands' CPU quota;
+			// the agent's other threads are not.
+			if _, err := unix.Write(tasks, []byte(strconv.Itoa(unix.Gettid()))); err != nil {
+				ready <- fmt.Errorf("join the commands' cpu cgroup: %w", err)
+				return
+			}
+		}
 		if noAdmin {
 			if err := dropAdmin(); err != nil {
 				ready <- err

@@ -92,6 +92,10 @@ type Server struct {
 	files    FileRules
 	phase    string
 	spawner  *spawner // nil until the phase's first command
+	// cmdTasks is the "tasks" file of the cgroup v1 cpu cgroup commands
+	// run in (-1: none, commands share the agent's cgroups): each spawner
+	// thread joins it, so its forks start there.
+	cmdTasks int
 }
 
 // New makes the calling process the agent: non-dumpable, the reaper of its
@@ -110,7 +114,7 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open root %s: %w", cfg.Root, err)
 	}
-	s := &Server{cfg: cfg, root: root, procs: newProcTable(), noConfine: cfg.NoConfine}
+	s := &Server{cfg: cfg, root: root, procs: newProcTable(), noConfine: cfg.NoConfine, cmdTasks: -1}
 	if c := cfg.Carried; c != nil {
 		s.phase, s.files = c.Phase, c.Files
 	}
@@ -161,6 +165,7 @@ func (s *Server) routes() http.Handler {
 		mux.HandleFunc("POST /fs/thaw", s.handleThaw)
 	}
 	mux.HandleFunc("POST /reset", s.handleReset)
+	mux.HandleFunc("POST /cgroup", s.handlePlaceCommands)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, errdefs.NotFound("route %s %s", r.Method, r.URL.Path))
 	})

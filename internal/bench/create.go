@@ -72,17 +72,23 @@ func Create(ctx context.Context, cfg CreateConfig) error {
 	if !cfg.Baseline {
 		return nil
 	}
-	bseq, bwall, err := runcBaseline(ctx, cfg, cfg.Sequential, 1)
+	bseq, bwall, err := runcBaseline(ctx, cfg.WorkDir, cfg.Runc, cfg.Sequential, 1)
 	if err != nil {
 		return fmt.Errorf("runc baseline: %w", err)
 	}
-	bpar, bpwall, err := runcBaseline(ctx, cfg, cfg.Parallel, cfg.Concurrency)
+	bpar, bpwall, err := runcBaseline(ctx, cfg.WorkDir, cfg.Runc, cfg.Parallel, cfg.Concurrency)
 	if err != nil {
 		return fmt.Errorf("runc baseline: %w", err)
 	}
 	row("baseline: bare `runc run` true (sequential)", bseq, perSec(cfg.Sequential, bwall))
 	row(fmt.Sprintf("baseline: bare `runc run` true (%d parallel)", cfg.Concurrency), bpar, perSec(cfg.Parallel, bpwall))
+	fe, err := forkExecBaseline(ctx, cfg.Execs)
+	if err != nil {
+		return fmt.Errorf("fork+exec baseline: %w", err)
+	}
+	row("baseline: fork+exec busybox `true` from Go", fe, "")
 	fmt.Fprintf(w, "\ncreate→first exec p50 / runc run p50: %.2f×\n", float64(seq.firstExec.p50)/float64(bseq.p50))
+	fmt.Fprintf(w, "warm exec p50 / fork+exec p50: %.2f×\n", float64(warm.p50)/float64(fe.p50))
 	fmt.Fprintf(w, "parallel sandboxes/s vs runc runs/s: %.2f×\n",
 		(float64(par.n)/par.wall.Seconds())/(float64(cfg.Parallel)/bpwall.Seconds()))
 	return nil
@@ -173,11 +179,25 @@ func warmExecs(ctx context.Context, cfg CreateConfig) (stats, error) {
 	return summarize(d), nil
 }
 
+// forkExecBaseline times n fork+execs of the static busybox base:minimal
+// is made from, running `true` on the host: the least a warm exec costs.
+func forkExecBaseline(ctx context.Context, n int) (stats, error) {
+	var d []time.Duration
+	for range max(n, 1) {
+		t0 := time.Now()
+		if out, err := exec.CommandContext(ctx, "/bin/busybox", "true").CombinedOutput(); err != nil {
+			return stats{}, fmt.Errorf("busybox true: %v: %s", err, out)
+		}
+		d = append(d, time.Since(t0))
+	}
+	return summarize(d), nil
+}
+
 // runcBaseline runs `runc run` of `true` n times, conc at a time, each on
 // a fresh overlay over the same busybox EROFS layer dsec's base:minimal is
 // made from. Only the `runc run` is timed.
-func runcBaseline(ctx context.Context, cfg CreateConfig, n, conc int) (stats, time.Duration, error) {
-	dir, err := os.MkdirTemp(cfg.WorkDir, "runc-baseline-")
+func runcBaseline(ctx context.Context, workDir, runc string, n, conc int) (stats, time.Duration, error) {
+	dir, err := os.MkdirTemp(workDir, "runc-baseline-")
 	if err != nil {
 		return stats{}, 0, err
 	}
@@ -211,7 +231,7 @@ func runcBaseline(ctx context.Context, cfg CreateConfig, n, conc int) (stats, ti
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			d, err := runcOnce(ctx, cfg.Runc, filepath.Join(dir, fmt.Sprint(i)), lower)
+			d, err := runcOnce(ctx, runc, filepath.Join(dir, fmt.Sprint(i)), lower)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil && firstErr == nil {

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"maps"
 	"net"
+	"os"
 	"runtime"
 	"slices"
 	"strings"
@@ -36,6 +37,8 @@ type Layers interface {
 type SnapshotResult struct {
 	Digest string `json:"digest"`
 	Size   int64  `json:"size"`
+	// FrozenMs is how long the sandbox was frozen.
+	FrozenMs int64 `json:"frozen_ms,omitempty"`
 }
 
 // SnapshotRequest is the body of the edge's POST /v1/sandboxes/{id}/snapshot.
@@ -43,6 +46,10 @@ type SnapshotRequest struct {
 	// Merge is how many of the sandbox's top layers to flatten into the
 	// snapshot with its changes (0: the changes alone).
 	Merge int `json:"merge"`
+	// Aside copies the changes aside while the sandbox is frozen and packs
+	// the copy after the thaw (a fork: the sandbox goes on at once), when
+	// the node takes snapshots.
+	Aside bool `json:"aside,omitempty"`
 }
 
 // Config configures an edge.
@@ -287,23 +294,41 @@ func (e *Edge) Reset(ctx context.Context, id string) error {
 }
 
 // Snapshot packs a sandbox's changes (and its top req.Merge layers) into
-// a new layer. The sandbox is frozen meanwhile and runs on afterwards.
+// a new layer. The sandbox is frozen meanwhile and runs on afterwards;
+// with req.Aside it is frozen only while its changes are copied aside.
 func (e *Edge) Snapshot(ctx context.Context, id string, req SnapshotRequest) (SnapshotResult, error) {
 	if e.cfg.Packer == nil {
 		return SnapshotResult{}, fmt.Errorf("node %s takes no snapshots: %w", e.cfg.NodeID, errdefs.ErrFailedPrecondition)
 	}
+	aside := req.Aside
 	var res SnapshotResult
+	var copied string
+	var frozen time.Duration
 	err := e.lifecycle(ctx, id, func(sb *sandbox) error {
+		start := time.Now()
+		defer func() { frozen = time.Since(start) }()
 		return sb.backend.Snapshot(ctx, id, req.Merge, func(ctx context.Context, dirs []string) error {
 			var err error
+			if aside {
+				copied, err = e.cfg.Packer.CopyAside(ctx, dirs)
+				return err
+			}
 			res, err = e.cfg.Packer.Pack(ctx, dirs)
 			return err
 		})
 	})
+	if copied != "" {
+		defer os.RemoveAll(copied)
+	}
+	if err == nil && copied != "" {
+		res, err = e.cfg.Packer.Pack(ctx, []string{copied})
+	}
 	if err != nil {
 		return SnapshotResult{}, err
 	}
-	e.log.Info("snapshot", "sandbox", id, "layer", res.Digest, "size", res.Size, "merged", req.Merge)
+	res.FrozenMs = frozen.Milliseconds()
+	e.log.Info("snapshot", "sandbox", id, "layer", res.Digest, "size", res.Size, "merged", req.Merge,
+		"frozen", frozen, "aside", aside)
 	return res, nil
 }
 

@@ -237,6 +237,21 @@ func writeFileAtomic(path string, b []byte) error {
 	return err
 }
 
+// CopyAside copies a sandbox's changes aside for a fork: the directories are squashed (one is
+// copied as it is, whiteouts and xattrs kept) into a scratch directory
+// beside the store's own.
+func (s *StoreLayers) CopyAside(ctx context.Context, dirs []string) (string, error) {
+	tmp, err := os.MkdirTemp(s.cfg.Dir, "aside-")
+	if err != nil {
+		return "", err
+	}
+	if err := layer.Squash(ctx, dirs, tmp); err != nil {
+		os.RemoveAll(tmp)
+		return "", fmt.Errorf("copy changes aside: %w", err)
+	}
+	return tmp, nil
+}
+
 // Pack stores a snapshot (Config.Packer): one directory is built as it is; several are
 // squashed first into a scratch directory beside the store's own.
 func (s *StoreLayers) Pack(ctx context.Context, dirs []string) (SnapshotResult, error) {

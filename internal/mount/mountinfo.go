@@ -41,6 +41,22 @@ func Mountinfo() ([]Info, error) {
 	return infos, nil
 }
 
+// ThreadMountinfo lists the mounts of the calling thread's mount
+// namespace, which differs from the process's on a thread that entered
+// another one (the caller must be locked to its thread).
+func ThreadMountinfo() ([]Info, error) {
+	f, err := os.Open("/proc/thread-self/mountinfo")
+	if err != nil {
+		return nil, fmt.Errorf("read mountinfo: %w", err)
+	}
+	defer f.Close()
+	infos, err := parseMountinfo(f)
+	if err != nil {
+		return nil, fmt.Errorf("read mountinfo: %w", err)
+	}
+	return infos, nil
+}
+
 // MountsUnder lists the mounts at dir or below it, in Mountinfo order.
 func MountsUnder(dir string) ([]Info, error) {
 	infos, err := Mountinfo()

@@ -84,6 +84,12 @@ func (a *authenticator) authenticate(r *http.Request) (principal, error) {
 	if !ok || key == "" {
 		return principal{}, fmt.Errorf("missing API key (Authorization: Bearer <key>): %w", errdefs.ErrUnauthenticated)
 	}
+	return a.authenticateKey(r.Context(), key)
+}
+
+// authenticateKey checks a key however it came (the client-compatibility
+// surfaces take it from their own headers or paths).
+func (a *authenticator) authenticateKey(ctx context.Context, key string) (principal, error) {
 	now := time.Now()
 	a.mu.Lock()
 	c, hit := a.cache[key]
@@ -96,7 +102,7 @@ func (a *authenticator) authenticate(r *http.Request) (principal, error) {
 	if !ok || !ok2 {
 		return principal{}, fmt.Errorf("malformed API key: %w", errdefs.ErrUnauthenticated)
 	}
-	k, err := a.store.GetKey(r.Context(), id)
+	k, err := a.store.GetKey(ctx, id)
 	if errors.Is(err, errdefs.ErrNotFound) {
 		return principal{}, fmt.Errorf("invalid API key: %w", errdefs.ErrUnauthenticated)
 	}

@@ -49,6 +49,7 @@ func (s *Server) validate(ctx context.Context, tenant string, req api.CreateSand
 		return plan{}, errdefs.Invalid("backend %q is not offered by any node of this cluster", req.Backend)
 	}
 	var digests []string
+	var top store.Layer // the top layer, whose build config gives defaults
 	switch {
 	case req.Snapshot != "" && req.Layers != nil:
 		return plan{}, errdefs.Invalid("give layers or snapshot, not both")
@@ -58,6 +59,9 @@ func (s *Server) validate(ctx context.Context, tenant string, req api.CreateSand
 			return plan{}, err
 		}
 		digests = stack
+		if top, err = s.cachedLayer(ctx, tenant, req.Snapshot); err != nil {
+			return plan{}, err
+		}
 		req.Layers = &api.LayerRefs{}
 	case req.Layers == nil || req.Layers.Base == "":
 		return plan{}, errdefs.Invalid("layers.base is required")
@@ -76,6 +80,10 @@ func (s *Server) validate(ctx context.Context, tenant string, req api.CreateSand
 			return plan{}, errdefs.Invalid("layer %s is a %s layer, not a %s layer", l.ref, lay.Kind, l.kind)
 		}
 		digests = append(digests, lay.Digest)
+		top = lay
+	}
+	if err := s.applyLayerConfig(ctx, &req, top); err != nil {
+		return plan{}, err
 	}
 	if err := s.fillResources(&req.Resources); err != nil {
 		return plan{}, err

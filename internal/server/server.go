@@ -94,7 +94,9 @@ type Config struct {
 	// by default (the cluster benchmark reaches its simulated nodes
 	// in-process).
 	NewNodeClient func(addr, token string) (*edge.Client, error)
-	Logger        *slog.Logger
+	// Compat configures the E2B, SandboxFusion and SWE-ReX surfaces.
+	Compat CompatConfig
+	Logger *slog.Logger
 }
 
 // Server is the control plane.
@@ -112,6 +114,8 @@ type Server struct {
 	acts  *activity
 	steps *steps
 	gates *gates
+	// configs caches the configs of built layers (see buildresult.go).
+	configs configCache
 
 	// layerMu is held shared by layer writes and exclusively by the
 	// removal of layers (see layergc.go).
@@ -265,6 +269,7 @@ func (s *Server) Handler() http.Handler {
 	authed("/v1/sandboxes/{id}/processes/{rest...}", s.processes)
 	authed("POST /v1/sandboxes/{id}/reset", s.resetSandbox)
 	authed("POST /v1/sandboxes/{id}/snapshot", s.snapshotSandbox)
+	authed("POST /v1/sandboxes/{id}/fork", s.forkSandbox)
 	authed("POST /v1/sandboxes/{id}/pause", s.pauseSandbox)
 	authed("POST /v1/sandboxes/{id}/resume", s.resumeSandbox)
 	authed("POST /v1/sandboxes/{id}/renew", s.renewSandbox)
@@ -281,6 +286,7 @@ func (s *Server) Handler() http.Handler {
 	authed("POST /v1/layers", s.createLayer)
 	authed("GET /v1/layers", s.listLayers)
 	authed("GET /v1/layers/{ref...}", s.getLayer)
+	authed("POST /v1/layers:build", s.buildLayer)
 
 	admin("POST /v1/tenants", s.createTenant)
 	admin("GET /v1/tenants", s.listTenants)
@@ -296,6 +302,8 @@ func (s *Server) Handler() http.Handler {
 
 	// Nodes authenticate with the cluster token, not an API key.
 	mux.Handle("POST /v1/cluster/heartbeat", s.instrument("POST /v1/cluster/heartbeat", s.heartbeat))
+
+	s.compatRoutes(mux)
 
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteJSON(w, http.StatusOK, map[string]any{"ok": true, "nodes": s.nodes.count()})

@@ -67,6 +67,14 @@ func (s *Server) snapshotSandbox(w http.ResponseWriter, r *http.Request) error {
 // name:tag of its tenant, flattening the snapshots under it when they
 // would stack deeper than the limit, and records the layer.
 func (s *Server) pack(ctx context.Context, sb store.Sandbox, n *node, name, tag string) (store.Layer, error) {
+	l, _, err := s.packAside(ctx, sb, n, name, tag, false)
+	return l, err
+}
+
+// packAside is pack; with aside the node copies the changes aside while
+// the sandbox is frozen and packs them after the thaw. It also returns
+// how long the sandbox was frozen.
+func (s *Server) packAside(ctx context.Context, sb store.Sandbox, n *node, name, tag string, aside bool) (store.Layer, time.Duration, error) {
 	defer s.layerWriter()()
 	stack := sb.LayerDigests
 	depth := s.snapshotDepth(ctx, sb.Tenant, stack)
@@ -74,21 +82,21 @@ func (s *Server) pack(ctx context.Context, sb store.Sandbox, n *node, name, tag 
 	if depth+1 > s.cfg.MaxSnapshotDepth {
 		merge = depth
 	}
-	res, err := n.client.Snapshot(ctx, sb.API.ID, edge.SnapshotRequest{Merge: merge})
+	res, err := n.client.Snapshot(ctx, sb.API.ID, edge.SnapshotRequest{Merge: merge, Aside: aside})
 	if err != nil {
-		return store.Layer{}, err
+		return store.Layer{}, 0, err
 	}
 	l := store.Layer{
 		Tenant: sb.Tenant, Name: name, Tag: tag, Digest: res.Digest, Kind: api.KindSnapshot, Size: res.Size,
 		CreatedAt: time.Now().UTC(), Parents: append([]string(nil), stack[:len(stack)-merge]...),
 	}
 	if err := s.store.PutLayer(ctx, l); err != nil {
-		return store.Layer{}, err
+		return store.Layer{}, 0, err
 	}
 	s.layers.forget() // the tag may have moved
 	s.log.Info("snapshot stored", "tenant", sb.Tenant, "sandbox", sb.API.ID, "layer", name+":"+tag,
-		"digest", res.Digest, "size", res.Size, "flattened", merge)
-	return l, nil
+		"digest", res.Digest, "size", res.Size, "flattened", merge, "frozen_ms", res.FrozenMs)
+	return l, time.Duration(res.FrozenMs) * time.Millisecond, nil
 }
 
 // snapshotDepth counts the snapshot layers on top of a stack.

@@ -23,6 +23,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -70,7 +71,8 @@ type Backend struct {
 	cfg     Config
 	runc    runc
 	layers  *mount.Layers
-	runtime string // the lowest lower layer: the agent and mount points
+	startNS *startNS // where runc starts containers
+	runtime string   // the lowest lower layer: the agent and mount points
 	disks   *disk.Templates
 	nets    netState
 	userns  usernsCache
@@ -79,6 +81,9 @@ type Backend struct {
 	mu        sync.Mutex
 	sandboxes map[string]*record
 	uids      map[uint32]string // id range base → sandbox holding it
+	// lowestFreeUIDs is the index of the lowest id range that may be
+	// free: every range below it is in use.
+	lowestFreeUIDs int
 }
 
 // record is what the backend keeps of a sandbox, in memory and in
@@ -154,8 +159,16 @@ func New(cfg Config) (*Backend, error) {
 		return nil, err
 	}
 	b.runtime = rt
+	runcPath, err := exec.LookPath(cfg.Runc)
+	if err != nil {
+		return nil, fmt.Errorf("container backend: %w", err)
+	}
+	if b.startNS, err = newStartNS([]string{cfg.Root, runcPath, cfg.AgentPath}); err != nil {
+		return nil, fmt.Errorf("container backend: %w", err)
+	}
 	if cfg.Network != nil {
 		if err := b.setupNetwork(context.Background(), cfg.Network); err != nil {
+			b.startNS.Close()
 			return nil, fmt.Errorf("container backend: %w", err)
 		}
 	}
@@ -361,15 +374,14 @@ func (b *Backend) start(ctx context.Context, rec *record) (err error) {
 		return fmt.Errorf("start sandbox %s: %w", id, err)
 	}
 	tRoot := time.Now()
-	if err := b.mountRootfs(rec, filepath.Join(dir, "disk"), rootfs); err != nil {
+	// The overlay is attached only where runc starts the container (see
+	// startNS): the edge's namespace never holds it.
+	root, releaseRoot, err := b.detachedRootfs(rec, filepath.Join(dir, "disk"))
+	if err != nil {
 		return fmt.Errorf("start sandbox %s: %w", id, err)
 	}
+	defer releaseRoot()
 	b.log.Debug("mounted", "sandbox", id, "disk", tRoot.Sub(tDisk), "rootfs", time.Since(tRoot))
-	defer func() {
-		if err != nil {
-			mount.Unmount(rootfs)
-		}
-	}()
 	spec, err := ociSpec(rec.Spec, rec.UIDs, rootfs, "/"+b.cfg.CgroupParent+"/"+id, rec.Lowers[len(rec.Lowers)-1], b.agentArgs())
 	if err != nil {
 		return err
@@ -396,11 +408,11 @@ func (b *Backend) start(ctx context.Context, rec *record) (err error) {
 	defer logf.Close()
 	t0 := time.Now()
 	defer func() { b.log.Debug("started container", "sandbox", id, "runc_run", time.Since(t0)) }()
-	if err := b.runc.run(ctx, id, dir, listener, logf); err != nil {
+	if err := b.runc.run(ctx, b.startNS, root, id, dir, listener, logf); err != nil {
 		b.runc.delete(context.WithoutCancel(ctx), id)
 		return err
 	}
-	if err := b.runc.setCPUQuota(id, rec.Spec.Resources.CPU); err != nil {
+	if err := b.limitCPU(ctx, rec); err != nil {
 		b.runc.delete(context.WithoutCancel(ctx), id)
 		return fmt.Errorf("start sandbox %s: cpu quota: %w", id, err)
 	}
@@ -550,5 +562,5 @@ func (b *Backend) Close() error {
 	for _, d := range append(dirs, filepath.Join(cgroupRoot, b.cfg.CgroupParent)) {
 		unix.Rmdir(d) // EBUSY: sandboxes live on; ENOENT/ENOTDIR: none here
 	}
-	return nil
+	return b.startNS.Close()
 }

@@ -84,23 +84,17 @@ func (b *Backend) resetInPlace(ctx context.Context, rec *record) (err error) {
 		}
 	}
 	tRoot := time.Now()
-	// The host's rootfs shows the new root from now on (a failure below
-	// restarts the container, which mounts it again anyway); the agent
-	// gets a detached clone of it.
-	rootfs := filepath.Join(dir, "rootfs")
-	if err := mount.Unmount(rootfs); err != nil {
+	// The agent gets the new root as a detached mount; the edge's
+	// namespace never holds a sandbox's root (see startNS). A sandbox
+	// started by an older edge still has one mounted there.
+	if err := mount.Unmount(filepath.Join(dir, "rootfs")); err != nil {
 		return err
 	}
-	if err := b.mountRootfs(rec, next, rootfs); err != nil {
-		return err
-	}
-	root, err := unix.OpenTree(unix.AT_FDCWD, rootfs, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	root, releaseRoot, err := b.detachedRootfs(rec, next)
 	if err != nil {
-		return fmt.Errorf("clone the new root: %w", err)
+		return err
 	}
-	defer func() {
-		go unix.Close(root) // a detached mount's last close waits for RCU
-	}()
+	defer releaseRoot()
 	tAgent := time.Now()
 	res, err := agent.ResetRoot(ctx, conn, root)
 	if err != nil {
@@ -129,6 +123,11 @@ func (b *Backend) resetInPlace(ctx context.Context, rec *record) (err error) {
 	os.Remove(next)
 	if err := b.waitAgent(ctx, id, res.Instance); err != nil {
 		return err
+	}
+	// The new agent forks its commands from a thread of its own: it needs
+	// the commands' cpu cgroup again.
+	if err := b.limitCPU(ctx, rec); err != nil {
+		return fmt.Errorf("cpu quota after reset: %w", err)
 	}
 	// Allowlisted names resolve again, as after a restart.
 	if rec.Spec.NeedsNetwork && rec.CgroupID != 0 {

@@ -82,10 +82,15 @@ func thaw(paths map[string]string) {
 }
 
 // removeCgroups removes a stopped container's cgroups, retrying while the
-// last processes of its PID namespace finish exiting.
+// last processes of its PID namespace finish exiting. The commands' cpu
+// cgroup (cmdCgroup) goes first: a cgroup with a child cannot be removed.
 func removeCgroups(paths map[string]string) error {
 	deadline := time.Now().Add(5 * time.Second)
+	var dirs []string
 	for _, dir := range paths {
+		dirs = append(dirs, filepath.Join(dir, cmdCgroup), dir)
+	}
+	for _, dir := range dirs {
 		for {
 			err := unix.Rmdir(dir)
 			if err == nil || errors.Is(err, unix.ENOENT) {
@@ -117,29 +122,6 @@ func processStart(pid int) (uint64, error) {
 		return 0, errors.New("malformed stat")
 	}
 	return strconv.ParseUint(f[19], 10, 64)
-}
-
-// setCPUQuota applies the CPU quota once the container has started: runc
-// init (which compiles the seccomp filter) and the agent's start-up would
-// otherwise crawl under a small quota. Shares are set by runc from the
-// start.
-func (r runc) setCPUQuota(id string, cpu float64) error {
-	if cpu <= 0 {
-		return nil
-	}
-	st, err := r.readState(id)
-	if err != nil {
-		return err
-	}
-	const period = 100000
-	quota := int64(cpu * period)
-	if dir, ok := st.CgroupPaths["cpu"]; ok {
-		return os.WriteFile(filepath.Join(dir, "cpu.cfs_quota_us"), []byte(strconv.FormatInt(quota, 10)), 0)
-	}
-	if dir, ok := st.CgroupPaths[""]; ok {
-		return os.WriteFile(filepath.Join(dir, "cpu.max"), []byte(fmt.Sprintf("%d %d", quota, period)), 0)
-	}
-	return fmt.Errorf("no cpu cgroup for %s", id)
 }
 
 // protectAgent makes the agent the sandbox's last choice for the OOM

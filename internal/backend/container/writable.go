@@ -67,15 +67,15 @@ func (b *Backend) mountDisk(ctx context.Context, rec *record) error {
 	return nil
 }
 
-// mountRootfs mounts the sandbox's overlay at rootfs over the writable
-// layer mounted at upperRoot, every layer idmapped to the sandbox's id
-// range.
-func (b *Backend) mountRootfs(rec *record, upperRoot, rootfs string) error {
+// detachedRootfs makes the sandbox's overlay over the writable layer
+// mounted at upperRoot, every layer idmapped to the sandbox's id range, as
+// a detached mount: root, valid until release is called.
+func (b *Backend) detachedRootfs(rec *record, upperRoot string) (root int, release func(), err error) {
 	ns, err := b.userns.get(rec.UIDs)
 	if err != nil {
-		return err
+		return -1, nil, err
 	}
-	return idmap.Overlay(rec.UIDs, ns, rec.Lowers, upperRoot, rootfs)
+	return idmap.DetachedOverlay(rec.UIDs, ns, rec.Lowers, upperRoot)
 }
 
 // usernsCache keeps the user namespace that idmaps layers to each id
@@ -115,14 +115,19 @@ func (c *usernsCache) get(r idmap.Range) (*os.File, error) {
 	return f, nil
 }
 
-// allocUIDs reserves a free id range for sandbox id.
+// allocUIDs reserves the lowest free id range for sandbox id (the lowest,
+// so that the user namespaces cached per range stay as few as the most
+// sandboxes the node held at once). The search starts at the lowest range
+// that may be free rather than at the first, so that on a full node it
+// does not walk past every range in use each time.
 func (b *Backend) allocUIDs(id string) (idmap.Range, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for i := range b.cfg.MaxSandboxes {
+	for i := b.lowestFreeUIDs; i < b.cfg.MaxSandboxes; i++ {
 		base := b.cfg.UIDBase + uint32(i)*idmap.Size
 		if _, used := b.uids[base]; !used {
 			b.uids[base] = id
+			b.lowestFreeUIDs = i + 1
 			return idmap.Range{Base: base}, nil
 		}
 	}
@@ -135,6 +140,9 @@ func (b *Backend) freeUIDs(id string, r idmap.Range) {
 	defer b.mu.Unlock()
 	if b.uids[r.Base] == id {
 		delete(b.uids, r.Base)
+		if r.Base >= b.cfg.UIDBase {
+			b.lowestFreeUIDs = min(b.lowestFreeUIDs, int((r.Base-b.cfg.UIDBase)/idmap.Size))
+		}
 	}
 }
 

@@ -280,6 +280,74 @@ def restore(tid: str, step: Optional[int], ttl_seconds: Optional[int], timeout: 
     return jreq("POST", "/v1/trajectories:restore", body, timeout=timeout or CREATE_TIMEOUT)
 
 
+def fork(sid: str, count: int, labels: Optional[Mapping[str, str]], trajectory: Optional[str],
+         trajectory_ids: Optional[Sequence[str]], ttl_seconds: Optional[int], timeout: Optional[float]) -> Req:
+    # Not retried: a fork that reached the server made sandboxes.
+    body: Dict[str, Any] = {"count": int(count)}
+    if labels:
+        body["labels"] = dict(labels)
+    if trajectory:
+        body["trajectory"] = {"id": trajectory}
+        if trajectory_ids:
+            body["trajectory"]["ids"] = list(trajectory_ids)
+    if ttl_seconds:
+        body["ttl_seconds"] = int(ttl_seconds)
+    return jreq("POST", sb_path(sid, "fork"), body, timeout=timeout or 600.0)
+
+
+def build_context(dockerfile: str, context: Optional[str]) -> bytes:
+    """A build context tar: the directory ``context`` (the Dockerfile's by
+    default) with the Dockerfile under .dsec-build/Dockerfile."""
+    import io
+    import os
+    import tarfile
+
+    buf = io.BytesIO()
+    with open(dockerfile, "rb") as f:
+        df = f.read()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        ti = tarfile.TarInfo(".dsec-build/Dockerfile")
+        ti.size = len(df)
+        tf.addfile(ti, io.BytesIO(df))
+        root = context or os.path.dirname(os.path.abspath(dockerfile))
+        for name in sorted(os.listdir(root)):
+            tf.add(os.path.join(root, name), arcname=name)
+    return buf.getvalue()
+
+
+def build(body: bytes, name: str, flatten: bool, kind: Optional[str], network: Optional[str],
+          args: Optional[Mapping[str, str]]) -> Req:
+    q: List[Tuple[str, str]] = [("name", name), ("dockerfile", ".dsec-build/Dockerfile")]
+    if flatten:
+        q.append(("flatten", "true"))
+    if kind:
+        q.append(("kind", kind))
+    if network:
+        q.append(("network", network))
+    for k, v in (args or {}).items():
+        q.append(("arg", f"{k}={v}"))
+    r = Req("POST", "/v1/layers:build", query=q, body=body, timeout=1800.0, stream=True)
+    r.headers["Content-Type"] = "application/x-tar"
+    r.headers["Accept"] = "application/x-ndjson"
+    return r
+
+
+def build_event(ev: Dict[str, Any], on_event: Any) -> Optional[Dict[str, Any]]:
+    """Handles one build event: the result when it is the last, raises on
+    an error event (the message names the Dockerfile line)."""
+    if on_event:
+        on_event(ev)
+    if "error" in ev:
+        from .errors import error_from_code
+
+        e = ev["error"]
+        err = error_from_code(str(e.get("code", "internal")), str(e.get("message", "")))
+        err.line = e.get("line")  # type: ignore[attr-defined]
+        err.output = e.get("output", "")  # type: ignore[attr-defined]
+        raise err
+    return ev.get("result")
+
+
 def node_path(node_id: str, op: str = "") -> str:
     return "/v1/nodes/" + quote(node_id, safe="") + ("/" + op if op else "")
 

@@ -86,6 +86,21 @@ class AsyncClient(AsyncAdminCalls):
         sb.checkpoint = d.get("checkpoint")
         return sb
 
+    async def build_layer(self, dockerfile: str, name: str, *, context: Optional[str] = None, flatten: bool = False,
+                          kind: Optional[str] = None, network: Optional[str] = None,
+                          args: Optional[Mapping[str, str]] = None, on_event: Any = None,
+                          timeout: Optional[float] = None) -> Dict[str, Any]:
+        """Builds a layer from a Dockerfile; see :meth:`libdsec.Client.build_layer`."""
+        resp = await self._send(_ops.build(_ops.build_context(dockerfile, context), name, flatten, kind, network, args))
+        try:
+            async for line in resp.iter_lines(timeout or 1800.0):
+                res = _ops.build_event(json.loads(line), on_event)
+                if res is not None:
+                    return res
+        finally:
+            resp.close()
+        raise DsecError("the build stream ended without a result")
+
     async def create_batch(self, count: int, *, progress: ProgressArg = None, timeout: Optional[float] = None,
                            **spec: Any) -> "AsyncBatchResult":
         """Creates ``count`` sandboxes in one call; see :meth:`libdsec.Client.create_batch`."""
@@ -196,6 +211,8 @@ class AsyncSandbox:
         self.info = info
         #: the checkpoint it was restored from (restore_trajectory), else None
         self.checkpoint: Optional[Dict[str, Any]] = None
+        #: the copy's trajectory id when it came from a fork with a trajectory
+        self.trajectory: Optional[str] = None
 
     @property
     def id(self) -> str:
@@ -277,6 +294,17 @@ class AsyncSandbox:
 
     async def resume(self) -> "AsyncSandbox":
         return await self._lifecycle("resume")
+
+    async def fork(self, count: int, *, labels: Optional[Mapping[str, str]] = None, trajectory: Optional[str] = None,
+                   trajectory_ids: Optional[Sequence[str]] = None, ttl_seconds: Optional[int] = None,
+                   timeout: Optional[float] = None) -> List["AsyncSandbox"]:
+        """Makes ``count`` copies of this sandbox's state now; see
+        :meth:`libdsec.Sandbox.fork`."""
+        d = await self.client._json(_ops.fork(self.id, count, labels, trajectory, trajectory_ids, ttl_seconds, timeout))
+        out = [AsyncSandbox(self.client, SandboxInfo.from_json(x)) for x in d["sandboxes"]]
+        for sb, tr in zip(out, d.get("trajectories") or []):
+            sb.trajectory = tr["id"]
+        return out
 
     async def snapshot(self) -> str:
         d = await self.client._json(_ops.jreq("POST", _ops.sb_path(self.id, "snapshot"), None, timeout=600.0))

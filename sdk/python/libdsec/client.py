@@ -236,6 +236,23 @@ class Client(AdminCalls):
 
     # -- layers, profiles (admin calls: _admin.AdminCalls) -----------------------------------
 
+    def build_layer(self, dockerfile: str, name: str, *, context: Optional[str] = None, flatten: bool = False,
+                    kind: Optional[str] = None, network: Optional[str] = None,
+                    args: Optional[Mapping[str, str]] = None, on_event: Optional[Callable[[Dict[str, Any]], None]] = None,
+                    timeout: Optional[float] = None) -> Dict[str, Any]:
+        """Builds a layer ``name`` from a Dockerfile (the context is its
+        directory unless ``context`` is given). ``on_event`` gets every event
+        (steps, RUN output). Returns the result: ``layer``, ``config``,
+        ``steps``, ``cached_steps``. A failed build raises the error of its
+        code with ``line`` and ``output`` attributes."""
+        resp = self._send(_ops.build(_ops.build_context(dockerfile, context), name, flatten, kind, network, args))
+        with resp:
+            for line in resp.iter_lines(timeout=timeout or 1800.0):
+                res = _ops.build_event(json.loads(line), on_event)
+                if res is not None:
+                    return res
+        raise DsecError("the build stream ended without a result")
+
     def layers(self) -> List[Layer]:
         """The tenant's layers and the public ones."""
         return [Layer.from_json(d) for d in self._json(_ops.jreq("GET", "/v1/layers"))["layers"]]
@@ -283,6 +300,8 @@ class Sandbox:
         self.info = info
         #: the checkpoint it was restored from (restore_trajectory), else None
         self.checkpoint: Optional[Dict[str, Any]] = None
+        #: the copy's trajectory id when it came from a fork with a trajectory
+        self.trajectory: Optional[str] = None
 
     @property
     def id(self) -> str:
@@ -396,6 +415,22 @@ class Sandbox:
     def resume(self) -> "Sandbox":
         """Thaws a paused sandbox."""
         return self._lifecycle("resume")
+
+    def fork(self, count: int, *, labels: Optional[Mapping[str, str]] = None, trajectory: Optional[str] = None,
+             trajectory_ids: Optional[Sequence[str]] = None, ttl_seconds: Optional[int] = None,
+             timeout: Optional[float] = None) -> List["Sandbox"]:
+        """Makes ``count`` copies (1 to 256) of this sandbox's state now and
+        returns them; this sandbox goes on (it is frozen only while its
+        changes are copied). Each copy holds the filesystem as it was at the
+        call; a container's processes are not carried. ``trajectory`` forks
+        that trajectory log along: each copy's ``trajectory`` attribute is
+        its own trajectory id (``trajectory_ids`` names them), where the
+        parent's steps replay. All or nothing."""
+        d = self.client._json(_ops.fork(self.id, count, labels, trajectory, trajectory_ids, ttl_seconds, timeout))
+        out = [Sandbox(self.client, SandboxInfo.from_json(x)) for x in d["sandboxes"]]
+        for sb, tr in zip(out, d.get("trajectories") or []):
+            sb.trajectory = tr["id"]
+        return out
 
     def snapshot(self) -> str:
         """pack_diff: saves the sandbox's changes as a layer; returns a ref to

@@ -44,6 +44,25 @@ class AsyncTest(unittest.IsolatedAsyncioTestCase):
         with self.assertRaises(libdsec.NotFoundError):
             await sb.exec("true")
 
+    async def test_fork(self):
+        async with await self.client.create(base=BASE, resources=SMALL) as sb:
+            await sb.write_file("/f", "x")
+            (c,) = await sb.fork(1)
+            try:
+                self.assertEqual(await c.read_text("/f"), "x")
+            finally:
+                await c.close()
+
+    async def test_build_layer_refuses_a_bad_dockerfile(self):
+        import tempfile
+        with tempfile.TemporaryDirectory() as d:
+            df = os.path.join(d, "Dockerfile")
+            with open(df, "w") as f:
+                f.write("FROM base:minimal\nCOPY ../x /x\n")
+            with self.assertRaises(libdsec.InvalidArgumentError) as cm:
+                await self.client.build_layer(df, "py-bad:1")
+            self.assertIn("outside the build context", str(cm.exception))
+
     async def test_renew_and_keepalive(self):
         async with await self.client.create(base=BASE, resources=SMALL, ttl_seconds=60) as sb:
             self.assertIsNotNone(sb._keepalive)  # async with renews while it runs

@@ -185,6 +185,49 @@ class LifecycleTest(unittest.TestCase):
         except libdsec.InvalidArgumentError as e:
             self.assertIn("phase", e.message)
 
+    def test_fork(self):
+        with self.client.create(base=BASE, resources=SMALL) as sb:
+            sb.exec("echo s1 > /f", trajectory=("traj-fork-py", 1), check=True)
+            copies = sb.fork(2, labels={"py": "fork"}, trajectory="traj-fork-py")
+            try:
+                self.assertEqual(len(copies), 2)
+                for i, c in enumerate(copies):
+                    self.assertEqual(c.info.labels.get("dsec.fork-of"), sb.id)
+                    self.assertEqual(c.read_text("/f"), "s1\n")
+                    self.assertTrue(c.exec("echo s1 > /f", trajectory=(c.trajectory, 1)).replayed)
+                    c.write_file("/mine", str(i))
+                self.assertEqual([c.read_text("/mine") for c in copies], ["0", "1"])
+                with self.assertRaises(libdsec.InvalidArgumentError):
+                    sb.fork(0)
+            finally:
+                for c in copies:
+                    c.close()
+
+    def test_build_layer(self):
+        import tempfile
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "msg"), "w") as f:
+                f.write("ctx\n")
+            df = os.path.join(d, "Dockerfile")
+            with open(df, "w") as f:
+                f.write("FROM base:minimal\nENV PY_BUILD=1\nWORKDIR /w\nCOPY msg ./\nRUN cat msg > copied\n")
+            events = []
+            res = self.client.build_layer(df, "py-built:1", on_event=events.append)
+            self.assertEqual((res["steps"], res["layer"]["kind"]), (4, "snapshot"))
+            self.assertTrue(any("step" in e for e in events))
+            with self.client.create(snapshot="py-built:1", resources=SMALL) as sb:
+                self.assertEqual(sb.exec("pwd; echo $PY_BUILD; cat copied", check=True).stdout, "/w\n1\nctx\n")
+            with open(df, "w") as f:
+                f.write("FROM base:minimal\nRUN echo no; exit 4\n")
+            with self.assertRaises(libdsec.ApiError) as cm:
+                self.client.build_layer(df, "py-built:2")
+            self.assertEqual(cm.exception.line, 2)
+            self.assertIn("no", cm.exception.output)
+            with open(df, "w") as f:
+                f.write("FROM base:minimal\nFROB x\n")
+            with self.assertRaises(libdsec.InvalidArgumentError):
+                self.client.build_layer(df, "py-built:3")
+
     def test_trajectory_checkpoint_and_restore(self):
         tid = "py-ckpt/%d" % os.getpid()
         sb = self.client.create(base=BASE, resources=SMALL)

@@ -1,0 +1,85 @@
+package container
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/dsec-project/dsec/internal/agent"
+)
+
+// cfsPeriod is the CFS bandwidth period, µs.
+const cfsPeriod = 100000
+
+// cmdCgroup names the child of a sandbox's cgroup v1 cpu cgroup that its
+// commands run in.
+const cmdCgroup = "cmd"
+
+// limitCPU applies the sandbox's CPU quota once the container has started:
+// runc init (which compiles the seccomp filter) and the agent's start-up
+// would otherwise crawl under a small quota. Shares are set by runc from
+// the start.
+//
+// On cgroup v1 the quota goes on a child cpu cgroup that only the
+// commands run in (the agent forks them from a thread placed there): the
+// agent serving an exec is not charged to a quota of, say, 5% of a core,
+// while every process of the tenant's is. Memory and pids limits stay on
+// the sandbox's cgroups and cover the agent and the commands together. On
+// cgroup v2, where the sandbox's cgroup id also keys its egress rules, the
+// quota stays on the sandbox's cgroup (docs/ARCHITECTURE.md, "CPU").
+func (b *Backend) limitCPU(ctx context.Context, rec *record) error {
+	id, cpu := rec.Spec.ID, rec.Spec.Resources.CPU
+	if cpu <= 0 {
+		return nil
+	}
+	st, err := b.runc.readState(id)
+	if err != nil {
+		return err
+	}
+	quota := int64(cpu * cfsPeriod)
+	if dir, ok := st.CgroupPaths["cpu"]; ok {
+		err := b.placeCommands(ctx, id, dir, quota)
+		if err == nil {
+			return nil
+		}
+		b.log.Warn("commands run in the agent's cpu cgroup: its quota throttles the agent too", "sandbox", id, "err", err)
+		return os.WriteFile(filepath.Join(dir, "cpu.cfs_quota_us"), []byte(strconv.FormatInt(quota, 10)), 0)
+	}
+	if dir, ok := st.CgroupPaths[""]; ok {
+		return os.WriteFile(filepath.Join(dir, "cpu.max"), []byte(fmt.Sprintf("%d %d", quota, cfsPeriod)), 0)
+	}
+	return fmt.Errorf("no cpu cgroup for %s", id)
+}
+
+// placeCommands makes (or keeps) the commands' cpu cgroup under dir with
+// the quota and hands its tasks file to the agent; then it lifts any quota
+// from the agent's own cgroup (one a failed hand-off put there).
+func (b *Backend) placeCommands(ctx context.Context, id, dir string, quota int64) error {
+	cmd := filepath.Join(dir, cmdCgroup)
+	if err := os.Mkdir(cmd, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	for _, kv := range [][2]string{{"cpu.cfs_period_us", strconv.Itoa(cfsPeriod)}, {"cpu.cfs_quota_us", strconv.FormatInt(quota, 10)}} {
+		if err := os.WriteFile(filepath.Join(cmd, kv[0]), []byte(kv[1]), 0); err != nil {
+			return fmt.Errorf("%s: %w", kv[0], err)
+		}
+	}
+	tasks, err := unix.Open(filepath.Join(cmd, "tasks"), unix.O_WRONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open the commands' tasks file: %w", err)
+	}
+	defer unix.Close(tasks)
+	conn, err := b.Dial(ctx, id)
+	if err != nil {
+		return err
+	}
+	if err := agent.PlaceCommands(ctx, conn, tasks); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "cpu.cfs_quota_us"), []byte("-1"), 0)
+}

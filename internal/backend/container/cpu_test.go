@@ -1,0 +1,182 @@
+package container_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/backend"
+	"github.com/dsec-project/dsec/internal/backend/backendtest"
+)
+
+// TestCPUQuotaIsTheCommands checks that a small CPU request throttles the
+// sandbox's commands and not its agent: on cgroup v1 the commands (and
+// what they fork) run in a child cpu cgroup with the quota, the agent in
+// the sandbox's cgroup without one, also after a reset in place. On
+// cgroup v2 the quota stays on the sandbox's cgroup, which holds both.
+func TestCPUQuotaIsTheCommands(t *testing.T) {
+	b, root := testBackend(t)
+	ctx := context.Background()
+	base := backendtest.MinimalLayer(t, t.TempDir())
+	id := "cpu-" + filepath.Base(root)
+	sp := backend.Spec{ID: id, Backend: api.BackendContainer, Layers: []backend.Layer{base},
+		Resources: api.Resources{CPU: 0.05, MemoryMB: 64, Pids: 64}, Network: api.Network{Mode: api.NetworkNone}}
+	if err := b.Create(ctx, sp); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Destroy(context.Background(), id) })
+
+	paths := cgroupPaths(t, root, id)
+	dir, v1 := paths["cpu"]
+	if !v1 {
+		if got := readTrim(t, filepath.Join(paths[""], "cpu.max")); got != "5000 100000" {
+			t.Fatalf("cgroup v2: cpu.max of the sandbox: %q", got)
+		}
+		return
+	}
+	cmd := filepath.Join(dir, "cmd")
+	if got := readTrim(t, filepath.Join(dir, "cpu.cfs_quota_us")); got != "-1" {
+		t.Fatalf("the agent's cpu cgroup has quota %s", got)
+	}
+	if got := readTrim(t, filepath.Join(cmd, "cpu.cfs_quota_us")); got != "5000" {
+		t.Fatalf("the commands' cpu cgroup has quota %s", got)
+	}
+
+	placed := func(t *testing.T) {
+		pid := initPid(t, root, id)
+		if out, code := sh(t, b, id, "sleep 60 >/dev/null 2>&1 & sh -c 'sleep 61 >/dev/null 2>&1 &'"); code != 0 {
+			t.Fatalf("start sleeps: %s", out)
+		}
+		defer sh(t, b, id, "pkill sleep")
+		inCmd, inSandbox := tasks(t, cmd), tasks(t, dir)
+		for _, name := range []string{"sleep 60", "sleep 61"} {
+			p := findProc(t, inCmd, name)
+			if p == 0 {
+				t.Fatalf("%q (and what a command forks) is not in the commands' cpu cgroup %s", name, cmd)
+			}
+			if inSandbox[p] {
+				t.Fatalf("%q is in the agent's cpu cgroup", name)
+			}
+		}
+		// The agent's threads: the spawner (a thread locked to forking,
+		// and the main thread stays wedged there if it was one) is in the
+		// commands' cgroup; every thread that serves requests is not.
+		threads, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/task")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var spawners, serving int
+		for _, th := range threads {
+			tid, _ := strconv.Atoi(th.Name())
+			switch {
+			case inCmd[tid]:
+				spawners++
+			case inSandbox[tid]:
+				serving++
+			}
+		}
+		if spawners == 0 || spawners > 2 || serving == 0 {
+			t.Fatalf("agent threads: %d in the commands' cgroup (want 1 or 2 spawners), %d in the sandbox's", spawners, serving)
+		}
+	}
+	t.Run("commands run in the quota'd cgroup, the agent does not", placed)
+
+	t.Run("warm execs are not throttled, a busy command is", func(t *testing.T) {
+		before := throttled(t, dir)
+		for range 30 {
+			if out, code := sh(t, b, id, "true"); code != 0 {
+				t.Fatalf("true: %d %s", code, out)
+			}
+		}
+		if after := throttled(t, dir); after != before {
+			t.Fatalf("the agent's cgroup was throttled %d times during warm execs", after-before)
+		}
+		cmdBefore := throttled(t, cmd)
+		sh(t, b, id, "timeout 1 sh -c 'while :; do :; done'")
+		if throttled(t, cmd) == cmdBefore {
+			t.Fatal("a busy loop was never throttled: the command escaped its quota")
+		}
+	})
+
+	if err := b.Reset(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	t.Run("after a reset in place", placed)
+
+	if err := b.Destroy(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{cmd, dir} {
+		if _, err := os.Stat(d); !os.IsNotExist(err) {
+			t.Errorf("cgroup %s left after destroy: %v", d, err)
+		}
+	}
+}
+
+func cgroupPaths(t *testing.T, root, id string) map[string]string {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(root, "runc", id, "state.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st struct {
+		Paths map[string]string `json:"cgroup_paths"`
+	}
+	if err := json.Unmarshal(raw, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Paths
+}
+
+func readTrim(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// tasks is the set of thread ids in a cgroup v1 cgroup.
+func tasks(t *testing.T, dir string) map[int]bool {
+	out := map[int]bool{}
+	for _, f := range strings.Fields(readTrim(t, filepath.Join(dir, "tasks"))) {
+		n, _ := strconv.Atoi(f)
+		out[n] = true
+	}
+	return out
+}
+
+// findProc returns the pid among ids whose command line is cmdline, polling
+// briefly: a backgrounded command may not have exec'd yet.
+func findProc(t *testing.T, ids map[int]bool, cmdline string) int {
+	t.Helper()
+	for range 100 {
+		for id := range ids {
+			b, _ := os.ReadFile("/proc/" + strconv.Itoa(id) + "/cmdline")
+			if strings.Join(strings.Fields(strings.ReplaceAll(string(b), "\x00", " ")), " ") == cmdline {
+				return id
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return 0
+}
+
+func throttled(t *testing.T, dir string) int {
+	t.Helper()
+	for _, line := range strings.Split(readTrim(t, filepath.Join(dir, "cpu.stat")), "\n") {
+		if v, ok := strings.CutPrefix(line, "nr_throttled "); ok {
+			n, _ := strconv.Atoi(v)
+			return n
+		}
+	}
+	t.Fatalf("no nr_throttled in %s/cpu.stat", dir)
+	return 0
+}

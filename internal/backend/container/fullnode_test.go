@@ -1,0 +1,249 @@
+package container
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/agent"
+	"github.com/dsec-project/dsec/internal/backend"
+	"github.com/dsec-project/dsec/internal/backend/backendtest"
+	"github.com/dsec-project/dsec/internal/mount"
+	"github.com/dsec-project/dsec/internal/testutil"
+)
+
+// TestFullNode fills a node with 300 live sandboxes and checks that it
+// still creates, resets and destroys one; that the start namespace runc
+// copies holds no sandbox's mount however full the node is, and the
+// edge's namespace one per sandbox; and that destroying everything leaves
+// no mount (in either namespace), loop device, cgroup, process or file.
+func TestFullNode(t *testing.T) {
+	testutil.Require(t, testutil.Root, testutil.Tool("runc"), testutil.File("/bin/busybox"), testutil.Tool("mkfs.erofs"))
+	const live = 300
+	ctx := context.Background()
+	root := t.TempDir()
+	// The test's temporary directory has a random name: unique among the
+	// tests of everyone on the machine.
+	cgroupParent := "dsec-test-" + filepath.Base(filepath.Dir(root))
+	base := backendtest.MinimalLayer(t, t.TempDir())
+	b, err := New(Config{Root: root, AgentPath: filepath.Join(testutil.Binaries(t), "dsec-agent"), CgroupParent: cgroupParent})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		b.Close()
+		testutil.UnmountAll(root)
+		dirs, _ := filepath.Glob("/sys/fs/cgroup/*/" + cgroupParent)
+		for _, d := range append(dirs, "/sys/fs/cgroup/"+cgroupParent) {
+			os.Remove(d)
+		}
+	})
+	startMounts := len(startNSMounts(t, b, "/"))
+
+	spec := func(id string) backend.Spec {
+		return backend.Spec{ID: id, Backend: api.BackendContainer, Layers: []backend.Layer{base},
+			Resources: api.Resources{CPU: 0.05, MemoryMB: 32, Pids: 64, DiskMB: 16},
+			Network:   api.Network{Mode: api.NetworkNone}}
+	}
+	ids := make([]string, live)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("full-%03d", i)
+	}
+	if err := forEach(ids, func(id string) error { return b.Create(ctx, spec(id)) }); err != nil {
+		t.Fatal(err)
+	}
+
+	// Full: one mount per sandbox (its writable layer) and the layer in
+	// the edge's namespace, none of them where runc starts.
+	if got := mountsUnder(t, root); len(got) != live+1 {
+		t.Errorf("%d mounts under the backend's root with %d sandboxes, want %d (one writable layer each and the layer)", len(got), live, live+1)
+	}
+	if got := startNSMounts(t, b, root); len(got) != 0 {
+		t.Errorf("the start namespace holds %d mounts under the backend's root: %v", len(got), got)
+	}
+	if n := len(startNSMounts(t, b, "/")); n != startMounts {
+		t.Errorf("the start namespace has %d mounts with %d sandboxes, %d when empty", n, live, startMounts)
+	}
+
+	// Still creates, resets and destroys.
+	one := "full-one"
+	if err := b.Create(ctx, spec(one)); err != nil {
+		t.Fatal(err)
+	}
+	if out := shell(t, b, one, "echo dirty > /dirt; cat /dirt"); out != "dirty\n" {
+		t.Fatalf("new sandbox on a full node: %q", out)
+	}
+	if err := b.Reset(ctx, one); err != nil {
+		t.Fatal(err)
+	}
+	if out := shell(t, b, one, "cat /dirt 2>&1; echo ok"); strings.Contains(out, "dirty") || !strings.HasSuffix(out, "ok\n") {
+		t.Fatalf("after reset on a full node: %q", out)
+	}
+	if err := b.Destroy(ctx, one); err != nil {
+		t.Fatal(err)
+	}
+	if out := shell(t, b, ids[0], "echo alive"); out != "alive\n" {
+		t.Fatalf("oldest sandbox: %q", out)
+	}
+
+	if err := forEach(ids, func(id string) error { return b.Destroy(ctx, id) }); err != nil {
+		t.Fatal(err)
+	}
+	for _, leak := range leaks(t, b, root, cgroupParent) {
+		t.Error("leaked:", leak)
+	}
+}
+
+// forEach runs f on every id, 8 at a time, and returns the first error.
+func forEach(ids []string, f func(id string) error) error {
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first error
+		sem   = make(chan struct{}, 8)
+	)
+	for _, id := range ids {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			if err := f(id); err != nil {
+				mu.Lock()
+				first = cmp.Or(first, fmt.Errorf("%s: %w", id, err))
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return first
+}
+
+func shell(t *testing.T, b *Backend, id, cmd string) string {
+	t.Helper()
+	ag := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return b.Dial(ctx, id) })
+	defer ag.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	res, err := ag.Exec(ctx, &api.ExecRequest{Shell: cmd})
+	if err != nil {
+		t.Fatalf("exec in %s: %v", id, err)
+	}
+	return res.Stdout
+}
+
+// mountsUnder lists the mountpoints at or under dir in the process's
+// namespace (the edge's).
+func mountsUnder(t *testing.T, dir string) []string {
+	t.Helper()
+	infos, err := mount.MountsUnder(canonical(t, dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mps []string
+	for _, m := range infos {
+		if m.Mountpoint != canonical(t, dir) {
+			mps = append(mps, m.Mountpoint)
+		}
+	}
+	return mps
+}
+
+// startNSMounts lists the mountpoints at or under dir in b's start
+// namespace.
+func startNSMounts(t *testing.T, b *Backend, dir string) []string {
+	t.Helper()
+	dir = canonical(t, dir)
+	var (
+		infos []mount.Info
+		err   error
+	)
+	onThrowawayThread(func() {
+		if err = unix.Unshare(unix.CLONE_FS); err != nil {
+			return
+		}
+		if err = unix.Setns(b.startNS.fd, unix.CLONE_NEWNS); err != nil {
+			return
+		}
+		infos, err = mount.ThreadMountinfo()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mps []string
+	for _, m := range infos {
+		if dir == "/" || m.Mountpoint == dir || strings.HasPrefix(m.Mountpoint, dir+"/") {
+			mps = append(mps, m.Mountpoint)
+		}
+	}
+	return mps
+}
+
+func canonical(t *testing.T, p string) string {
+	t.Helper()
+	c, err := filepath.EvalSymlinks(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// leaks lists what the backend's sandboxes left behind.
+func leaks(t *testing.T, b *Backend, root, cgroupParent string) []string {
+	t.Helper()
+	var out []string
+	for _, mp := range mountsUnder(t, root) {
+		out = append(out, "mount "+mp)
+	}
+	for _, mp := range startNSMounts(t, b, root) {
+		out = append(out, "mount in the start namespace "+mp)
+	}
+	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, f := range files {
+		if data, err := os.ReadFile(f); err == nil && strings.HasPrefix(string(data), canonical(t, root)+"/") {
+			out = append(out, "loop device on "+strings.TrimSpace(string(data)))
+		}
+	}
+	for _, d := range []string{"sandboxes", "runc", "layers"} {
+		entries, _ := os.ReadDir(filepath.Join(root, d))
+		for _, e := range entries {
+			out = append(out, "file "+filepath.Join(d, e.Name()))
+		}
+	}
+	cgroups, _ := filepath.Glob("/sys/fs/cgroup/*/" + cgroupParent + "/*")
+	more, _ := filepath.Glob("/sys/fs/cgroup/" + cgroupParent + "/*")
+	for _, cg := range append(cgroups, more...) {
+		if st, err := os.Stat(cg); err == nil && st.IsDir() {
+			out = append(out, "cgroup "+cg)
+		}
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*/cgroup")
+	for _, p := range procs {
+		data, err := os.ReadFile(p)
+		if err != nil || !strings.Contains(string(data), "/"+cgroupParent+"/") {
+			continue
+		}
+		// A dead sandbox's init is reparented to the host's init, which
+		// reaps it when it gets to it.
+		if st, err := os.ReadFile(filepath.Join(filepath.Dir(p), "stat")); err == nil && strings.Contains(string(st), ") Z ") {
+			continue
+		}
+		cmdline, _ := os.ReadFile(filepath.Join(filepath.Dir(p), "cmdline"))
+		out = append(out, "process "+filepath.Base(filepath.Dir(p))+" "+strings.ReplaceAll(string(cmdline), "\x00", " "))
+	}
+	b.mu.Lock()
+	if n := len(b.sandboxes) + len(b.uids); n > 0 {
+		out = append(out, fmt.Sprintf("%d records or id ranges", n))
+	}
+	b.mu.Unlock()
+	return out
+}

@@ -1,0 +1,338 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/client"
+)
+
+// DensityConfig sets up `dsec bench density`.
+type DensityConfig struct {
+	Client *client.Client
+	// URL is the server's address, to find its process on this host.
+	URL  string
+	Base string
+	// Step sandboxes are added per step, by one batch create, up to Max
+	// (0: until the nodes' memory or CPU limit is allocated).
+	Step, Max int
+	CPU       float64
+	MemoryMB  int64
+	// Singles create → first exec → destroy cycles and Execs warm execs on
+	// random live sandboxes are timed at each step.
+	Singles, Execs int
+	// BaselineN bare `runc run`s are timed at the first and at the last
+	// step (0: none), in WorkDir with Runc.
+	BaselineN int
+	WorkDir   string
+	Runc      string
+	// DataDir is the node's directory of sandbox state (default: found from
+	// the edge's command line).
+	DataDir string
+	Out     io.Writer
+}
+
+// densityRow is what one step measured.
+type densityRow struct {
+	live              int
+	batchRate         float64
+	failed            int
+	first, warm       stats
+	hostKBPerSandbox  float64
+	agentPSSKB        int64
+	hostMounts        int // the host's mount table (pid 1's namespace)
+	nodeMounts        int // the edge's mounts under its data directory, in its namespace
+	serverKB, edgeKB  int64
+	runc              stats // zero when not measured at this step
+	runcMeasured      bool
+	singleErr, runErr error
+}
+
+// Density fills the node step by step with idle sandboxes and reports at
+// each step what a new create, a warm exec and an idle sandbox cost, next
+// to bare `runc run` at the first and the last step; then it destroys
+// everything and checks that nothing is left. It runs on the server's
+// machine, as root (it reads /proc and runs runc).
+func Density(ctx context.Context, cfg DensityConfig) (err error) {
+	w := cfg.Out
+	nodes, err := cfg.Client.ListNodes(ctx)
+	if err != nil {
+		return err
+	}
+	max, edgeAddr := cfg.Max, ""
+	room := 0
+	for _, n := range nodes {
+		if n.State != api.NodeUp || !slices.Contains(n.Backends, api.BackendContainer) {
+			continue
+		}
+		edgeAddr = n.Addr
+		byMem := int((n.Limit.MemoryMB - n.Allocated.MemoryMB) / cfg.MemoryMB)
+		byCPU := int((n.Limit.CPU - n.Allocated.CPU) / cfg.CPU)
+		room += min(byMem, byCPU)
+	}
+	if room <= 0 {
+		return fmt.Errorf("no node has room for a sandbox with %g cpu and %d MB", cfg.CPU, cfg.MemoryMB)
+	}
+	if max <= 0 || max > room-1 {
+		max = room - 1 // keep room for the single creates
+	}
+	serverPid := listenerPid(cfg.URL)
+	edgePid := listenerPid(edgeAddr)
+	if serverPid == 0 {
+		return fmt.Errorf("no process listens at %s on this host: run the benchmark on the server's machine", cfg.URL)
+	}
+	dataDir := cfg.DataDir
+	if dataDir == "" && edgePid > 0 {
+		dataDir = dataDirOf(edgePid)
+	}
+	fmt.Fprintf(w, "dsec bench density: %s, cpu %g, memory_mb %d; steps of %d up to %d live; %d single creates and %d warm execs per step\n",
+		cfg.Base, cfg.CPU, cfg.MemoryMB, cfg.Step, max, cfg.Singles, cfg.Execs)
+	fmt.Fprintf(w, "server pid %d, edge pid %d (%s), edge data %s\n\n", serverPid, edgePid, edgeNS(serverPid, edgePid), dataDir)
+
+	spec := api.CreateSandboxRequest{Layers: &api.LayerRefs{Base: cfg.Base},
+		Resources: api.Resources{CPU: cfg.CPU, MemoryMB: cfg.MemoryMB, Pids: 64},
+		Labels:    map[string]string{"bench": "density"}, Network: &api.Network{Mode: api.NetworkNone}}
+
+	var live []string
+	everMade := map[string]bool{}
+	defer func() {
+		if len(live) > 0 { // an early error: leave nothing behind
+			destroyAll(context.WithoutCancel(ctx), cfg.Client, live)
+		}
+	}()
+	startHostMounts, startNodeMounts := mountCount(1), mountsUnder(edgePid, dataDir)
+	avail0, err := memAvailableKB()
+	if err != nil {
+		return err
+	}
+
+	var rows []densityRow
+	header := func() {
+		fmt.Fprintf(w, "%6s %9s %19s %17s %9s %9s %8s %8s %9s %9s %17s\n",
+			"live", "batch/s", "create→exec p50/99", "warm exec p50/99", "host/sbx", "agent PSS",
+			"host mnt", "node mnt", "server", "edge", "runc run p50/99")
+	}
+	header()
+	for len(live) < max {
+		n := min(cfg.Step, max-len(live))
+		row := densityRow{}
+		t0 := time.Now()
+		res, berr := cfg.Client.CreateBatch(ctx, &api.BatchCreateRequest{Count: n, CreateSandboxRequest: spec}, nil)
+		wall := time.Since(t0)
+		if berr != nil {
+			return fmt.Errorf("batch create at %d live: %w", len(live), berr)
+		}
+		var firstFail *api.Error
+		for _, it := range res.Items {
+			if it.ID != "" {
+				everMade[it.ID] = true
+			}
+			if it.Error == nil {
+				live = append(live, it.ID)
+			} else {
+				if it.ID != "" {
+					cfg.Client.DeleteSandbox(ctx, it.ID)
+				}
+				if firstFail == nil {
+					firstFail = it.Error
+				}
+			}
+		}
+		row.live, row.failed, row.batchRate = len(live), res.Failed, float64(res.Created)/wall.Seconds()
+		if firstFail != nil {
+			fmt.Fprintf(w, "  %d of the batch failed; first: %s (%s)\n", res.Failed, firstFail.Message, firstFail.Code)
+		}
+		if res.Created == 0 {
+			break
+		}
+		if err := densityMeasure(ctx, cfg, &spec, live, everMade, &row); err != nil {
+			return err
+		}
+		if avail, err := memAvailableKB(); err == nil {
+			row.hostKBPerSandbox = float64(avail0-avail) / float64(len(live))
+		}
+		row.hostMounts, row.nodeMounts = mountCount(1), mountsUnder(edgePid, dataDir)
+		row.serverKB = rssKB(serverPid)
+		if edgePid > 0 {
+			row.edgeKB = rssKB(edgePid)
+		}
+		if cfg.BaselineN > 0 && (len(rows) == 0 || len(live) >= max) {
+			row.runc, _, row.runErr = runcBaseline(ctx, cfg.WorkDir, cfg.Runc, cfg.BaselineN, 1)
+			if row.runErr != nil {
+				return fmt.Errorf("runc baseline: %w", row.runErr)
+			}
+			row.runcMeasured = true
+		}
+		rows = append(rows, row)
+		printDensityRow(w, row, serverPid == edgePid)
+	}
+	if len(rows) == 0 {
+		return errors.New("no sandbox was created")
+	}
+	densitySummary(w, rows)
+
+	// Teardown.
+	n := len(live)
+	t0 := time.Now()
+	derr := destroyAll(ctx, cfg.Client, live)
+	twall := time.Since(t0)
+	live = nil
+	fmt.Fprintf(w, "\nteardown: %d sandboxes destroyed in %.1fs (%.1f/s)\n", n, twall.Seconds(), float64(n)/twall.Seconds())
+	if derr != nil {
+		return fmt.Errorf("teardown: %w", derr)
+	}
+	var left []string
+	for i := 0; ; i++ {
+		// A destroy answers when the sandbox is gone; give the kernel's
+		// lazy unmounts and cgroup removal a moment all the same.
+		if left = leftovers(everMade, edgePid, dataDir); len(left) == 0 || i == 20 {
+			break
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	fmt.Fprintf(w, "mounts: host %d before, %d after (the whole machine's); node %d before, %d after\n",
+		startHostMounts, mountCount(1), startNodeMounts, mountsUnder(edgePid, dataDir))
+	if len(left) > 0 {
+		for _, l := range left[:min(len(left), 20)] {
+			fmt.Fprintf(w, "  LEFT: %s\n", l)
+		}
+		return fmt.Errorf("%d things left behind by %d destroyed sandboxes", len(left), len(everMade))
+	}
+	fmt.Fprintf(w, "nothing left of %d sandboxes: no mount, cgroup, process or file names one\n", len(everMade))
+	return nil
+}
+
+// densityMeasure times single creates and warm execs with the node as it
+// is, and reads the agents' memory.
+func densityMeasure(ctx context.Context, cfg DensityConfig, spec *api.CreateSandboxRequest, live []string, made map[string]bool, row *densityRow) error {
+	var firsts []time.Duration
+	for range cfg.Singles {
+		t0 := time.Now()
+		sb, err := cfg.Client.CreateSandbox(ctx, spec)
+		if err != nil {
+			return fmt.Errorf("single create at %d live: %w", len(live), err)
+		}
+		made[sb.ID] = true
+		_, err = cfg.Client.Exec(ctx, sb.ID, &api.ExecRequest{Cmd: []string{"true"}})
+		firsts = append(firsts, time.Since(t0))
+		if derr := cfg.Client.DeleteSandbox(ctx, sb.ID); err == nil {
+			err = derr
+		}
+		if err != nil {
+			return fmt.Errorf("single create at %d live: %w", len(live), err)
+		}
+	}
+	row.first = summarize(firsts)
+	var warm []time.Duration
+	for range cfg.Execs {
+		id := live[rand.IntN(len(live))]
+		t0 := time.Now()
+		if _, err := cfg.Client.Exec(ctx, id, &api.ExecRequest{Cmd: []string{"true"}}); err != nil {
+			return fmt.Errorf("warm exec in %s: %w", id, err)
+		}
+		warm = append(warm, time.Since(t0))
+	}
+	row.warm = summarize(warm)
+	sample := map[string]bool{}
+	for range min(8, len(live)) {
+		sample[live[rand.IntN(len(live))]] = true
+	}
+	var pss, k int64
+	for _, pids := range sandboxProcs(sample) {
+		for _, pid := range pids {
+			p, _ := processMemKB(pid)
+			pss += p
+		}
+		k++
+	}
+	if k > 0 {
+		row.agentPSSKB = pss / k
+	}
+	return nil
+}
+
+func printDensityRow(w io.Writer, r densityRow, oneProcess bool) {
+	pair := func(s stats) string { return ms(s.p50) + "/" + ms(s.p99) }
+	runc := "-"
+	if r.runcMeasured {
+		runc = pair(r.runc)
+	}
+	edge := mb(r.edgeKB << 10)
+	if oneProcess {
+		edge = "(same)"
+	}
+	fmt.Fprintf(w, "%6d %9.1f %19s %17s %9s %9s %8d %8d %9s %9s %17s\n",
+		r.live, r.batchRate, pair(r.first), pair(r.warm), mb(int64(r.hostKBPerSandbox*1024)), mb(r.agentPSSKB<<10),
+		r.hostMounts, r.nodeMounts, mb(r.serverKB<<10), edge, runc)
+}
+
+// densitySummary prints the full node against the empty one, and each
+// against bare runc measured at the same step.
+func densitySummary(w io.Writer, rows []densityRow) {
+	first, last := rows[0], rows[len(rows)-1]
+	ratio := func(a, b time.Duration) string {
+		if b == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.2f×", float64(a)/float64(b))
+	}
+	fmt.Fprintf(w, "\n%d live against %d live:\n", last.live, first.live)
+	fmt.Fprintf(w, "  batch create rate:          %.2f×\n", last.batchRate/first.batchRate)
+	fmt.Fprintf(w, "  create→first exec p50:      %s\n", ratio(last.first.p50, first.first.p50))
+	fmt.Fprintf(w, "  warm exec p50:              %s\n", ratio(last.warm.p50, first.warm.p50))
+	if first.runcMeasured && last.runcMeasured {
+		fmt.Fprintf(w, "  bare runc run p50:          %s\n", ratio(last.runc.p50, first.runc.p50))
+		fmt.Fprintf(w, "create→first exec p50 / bare runc run p50: %s at %d live, %s at %d live\n",
+			ratio(first.first.p50, first.runc.p50), first.live, ratio(last.first.p50, last.runc.p50), last.live)
+	}
+}
+
+// destroyAll destroys ids, 32 at a time.
+func destroyAll(ctx context.Context, c *client.Client, ids []string) error {
+	todo := make(chan string, len(ids))
+	for _, id := range ids {
+		todo <- id
+	}
+	close(todo)
+	var mu sync.Mutex
+	var firstErr error
+	var wg sync.WaitGroup
+	for range min(32, len(ids)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for id := range todo {
+				if err := c.DeleteSandbox(ctx, id); err != nil {
+					mu.Lock()
+					if firstErr == nil {
+						firstErr = fmt.Errorf("destroy %s: %w", id, err)
+					}
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return firstErr
+}
+
+func edgeNS(serverPid, edgePid int) string {
+	if edgePid == 0 {
+		return "not on this host"
+	}
+	proc := "its own process"
+	if edgePid == serverPid {
+		proc = "the server's process"
+	}
+	if sameMountNS(edgePid) {
+		return proc + ", host mount namespace"
+	}
+	return proc + ", own mount namespace"
+}

@@ -1,0 +1,299 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io/fs"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/dsec-project/dsec/internal/mount"
+)
+
+// What the density benchmark reads of the host from /proc and /sys: it runs
+// on the server's machine, as root.
+
+// memAvailableKB is the host's MemAvailable.
+func memAvailableKB() (int64, error) {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "MemAvailable:"); ok {
+			return strconv.ParseInt(strings.Fields(rest)[0], 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("no MemAvailable in /proc/meminfo")
+}
+
+// mountCount is the number of mounts in pid's mount namespace.
+func mountCount(pid int) int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", pid))
+	if err != nil {
+		return -1
+	}
+	return bytes.Count(b, []byte("\n"))
+}
+
+// mountsUnder counts the mounts under dir in pid's mount namespace: the
+// node's own, whatever else runs on the machine.
+func mountsUnder(pid int, dir string) int {
+	if pid <= 0 || dir == "" {
+		return -1
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", pid))
+	if err != nil {
+		return -1
+	}
+	n := 0
+	for _, line := range strings.Split(string(b), "\n") {
+		// id parent major:minor root mountpoint ...
+		if f := strings.Fields(line); len(f) > 4 && (f[4] == dir || strings.HasPrefix(f[4], dir+"/")) {
+			n++
+		}
+	}
+	return n
+}
+
+// sameMountNS says whether pid shares the host's (pid 1's) mount namespace.
+func sameMountNS(pid int) bool {
+	a, err1 := os.Readlink("/proc/1/ns/mnt")
+	if err1 != nil { // pid 1 hidden (a container, or ptrace rules): ours is the host's
+		a, err1 = os.Readlink("/proc/self/ns/mnt")
+	}
+	b, err2 := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", pid))
+	return err1 == nil && err2 == nil && a == b
+}
+
+// rssKB is a process's resident set size.
+func rssKB(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			v, _ := strconv.ParseInt(strings.Fields(rest)[0], 10, 64)
+			return v
+		}
+	}
+	return 0
+}
+
+// sandboxProcs maps each of ids that has processes on this host to them,
+// found by the DSEC_SANDBOX_ID=<id> the container backend puts in the
+// environment of every sandbox process. One pass over /proc.
+func sandboxProcs(ids map[string]bool) map[string][]int {
+	out := map[string][]int{}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		env, err := os.ReadFile("/proc/" + e.Name() + "/environ")
+		if err != nil {
+			continue
+		}
+		for _, kv := range bytes.Split(env, []byte{0}) {
+			if v, ok := bytes.CutPrefix(kv, []byte("DSEC_SANDBOX_ID=")); ok {
+				if id := string(v); ids[id] {
+					out[id] = append(out[id], pid)
+				}
+				break
+			}
+		}
+	}
+	return out
+}
+
+// listenerPid finds the process listening at addr: a URL (http://host:port
+// or unix:///path). It returns 0 if none is found on this host.
+func listenerPid(addr string) int {
+	u, err := url.Parse(addr)
+	if err != nil {
+		return 0
+	}
+	var inodes map[string]bool
+	switch u.Scheme {
+	case "unix":
+		inodes = unixInodes(u.Path)
+	case "http", "https":
+		port := u.Port()
+		if port == "" {
+			port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
+		}
+		p, _ := strconv.Atoi(port)
+		inodes = tcpListenInodes(p)
+	}
+	if len(inodes) == 0 {
+		return 0
+	}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		fds, _ := os.ReadDir("/proc/" + e.Name() + "/fd")
+		for _, fd := range fds {
+			l, err := os.Readlink("/proc/" + e.Name() + "/fd/" + fd.Name())
+			if err == nil && strings.HasPrefix(l, "socket:[") && inodes[strings.TrimSuffix(l[len("socket:["):], "]")] {
+				return pid
+			}
+		}
+	}
+	return 0
+}
+
+func tcpListenInodes(port int) map[string]bool {
+	out := map[string]bool{}
+	hex := fmt.Sprintf(":%04X", port)
+	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			fl := strings.Fields(line)
+			// sl local rem st tx:rx tr:when retrnsmt uid timeout inode
+			if len(fl) > 9 && strings.HasSuffix(fl[1], hex) && fl[3] == "0A" {
+				out[fl[9]] = true
+			}
+		}
+	}
+	return out
+}
+
+func unixInodes(path string) map[string]bool {
+	out := map[string]bool{}
+	f, err := os.Open("/proc/net/unix")
+	if err != nil {
+		return out
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		// Num RefCount Protocol Flags Type St Inode Path
+		fl := strings.Fields(sc.Text())
+		if len(fl) >= 8 && fl[7] == path {
+			out[fl[6]] = true
+		}
+	}
+	return out
+}
+
+// dataDirOf guesses the data directory of a dsec server or edge from its
+// command line (--data), relative to its working directory, with the
+// defaults of `dsec server` (DSEC_DATA, then .dsec) and `dsec edge`.
+// Returns the directory a node keeps its sandboxes under.
+func dataDirOf(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return ""
+	}
+	args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+	cwd, _ := os.Readlink(fmt.Sprintf("/proc/%d/cwd", pid))
+	isEdge := len(args) > 1 && args[1] == "edge"
+	dir := ""
+	for i, a := range args {
+		a = strings.TrimLeft(a, "-")
+		if v, ok := strings.CutPrefix(a, "data="); ok {
+			dir = v
+		} else if a == "data" && i+1 < len(args) && strings.HasPrefix(args[i], "-") {
+			dir = args[i+1]
+		}
+	}
+	if dir == "" {
+		switch {
+		case isEdge:
+			dir = "/var/lib/dsec-edge"
+		default:
+			dir = ".dsec"
+			if env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid)); err == nil {
+				for _, kv := range strings.Split(string(env), "\x00") {
+					if v, ok := strings.CutPrefix(kv, "DSEC_DATA="); ok && v != "" {
+						dir = v
+					}
+				}
+			}
+		}
+	}
+	if !filepath.IsAbs(dir) {
+		dir = filepath.Join(cwd, dir)
+	}
+	if !isEdge {
+		dir = filepath.Join(dir, "edge")
+	}
+	return dir
+}
+
+// leftovers lists what still names one of ids on this host: mounts in the
+// host's and the edge's mount namespaces, cgroups, processes, and files
+// under the node's sandbox directories.
+func leftovers(ids map[string]bool, edgePid int, dataDir string) []string {
+	var out []string
+	named := func(s string) string {
+		for _, part := range strings.FieldsFunc(s, func(r rune) bool { return r == '/' || r == ' ' || r == '\t' }) {
+			for id := range ids {
+				if strings.Contains(part, id) {
+					return id
+				}
+			}
+		}
+		return ""
+	}
+	pids := []int{1}
+	if edgePid > 0 && !sameMountNS(edgePid) {
+		pids = append(pids, edgePid)
+	}
+	for _, pid := range pids {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", pid))
+		for _, line := range strings.Split(string(b), "\n") {
+			if id := named(line); id != "" {
+				out = append(out, fmt.Sprintf("mount (ns of pid %d): %s", pid, line))
+			}
+		}
+	}
+	filepath.WalkDir("/sys/fs/cgroup", func(p string, d fs.DirEntry, err error) error {
+		if err != nil || !d.IsDir() {
+			return nil
+		}
+		if id := named(filepath.Base(p)); id != "" {
+			out = append(out, "cgroup: "+p)
+			return filepath.SkipDir
+		}
+		return nil
+	})
+	for id, ps := range sandboxProcs(ids) {
+		out = append(out, fmt.Sprintf("processes of %s: %v", id, ps))
+	}
+	if dataDir != "" {
+		for _, sub := range []string{"container", "microvm"} {
+			filepath.WalkDir(filepath.Join(dataDir, sub), func(p string, d fs.DirEntry, err error) error {
+				if err != nil {
+					return nil
+				}
+				if id := named(d.Name()); id != "" {
+					out = append(out, "file: "+p)
+					if d.IsDir() {
+						return filepath.SkipDir
+					}
+				}
+				// Layer mounts hold whole root filesystems: not ours to walk.
+				if d.IsDir() {
+					if ok, _ := mount.IsMountpoint(p); ok {
+						return filepath.SkipDir
+					}
+				}
+				return nil
+			})
+		}
+	}
+	return out
+}
