@@ -196,6 +196,7 @@ func TestDashboard(t *testing.T) {
 	if !b.is("!document.querySelector('[data-nav=tenants]').hidden") {
 		t.Error("an admin key does not see the Tenants & keys page")
 	}
+	b.waitJS("rate charts", "document.querySelectorAll('#stats svg.chart').length === 3")
 	b.screenshot("overview-admin")
 
 	// The list shows this tenant's sandbox and not the other tenant's.

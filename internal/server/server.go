@@ -107,6 +107,7 @@ type Server struct {
 	auth    *authenticator
 	log     *slog.Logger
 	metrics *metrics
+	stats   statsRing // the dashboard's last hour of rates
 	nodes   *registry
 	fncall  *fncall.Manager
 	layers  layerCache
@@ -217,6 +218,7 @@ func (s *Server) Run(ctx context.Context) {
 	// hourly, so a short retention (in tests) is honoured promptly.
 	gcEvery := min(max(s.cfg.TrajectoryRetention/10, s.cfg.ReapInterval), time.Hour)
 	go s.runGC(ctx, gcEvery)
+	go s.runStats(ctx)
 	lastPurge, lastGC := time.Now(), time.Now()
 	for {
 		select {
@@ -295,6 +297,7 @@ func (s *Server) Handler() http.Handler {
 	admin("DELETE /v1/keys/{id}", s.deleteKey)
 	admin("GET /v1/tenants/{id}", s.getTenant)
 	admin("PUT /v1/tenants/{id}/quota", s.setQuota)
+	admin("GET /v1/stats", s.getStats)
 	admin("GET /v1/nodes", s.listNodes)
 	admin("GET /v1/nodes/{id}", s.getNode)
 	admin("POST /v1/nodes/{id}/drain", s.drainNode)

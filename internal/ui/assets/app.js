@@ -105,12 +105,35 @@ function nodeCard(n) {
       " cached layers · last seen " + when(n.last_seen)));
 }
 
+// chart draws one rate of GET /v1/stats as a small SVG line over the hour.
+function chart(title, samples, field) {
+  const NS = "http://www.w3.org/2000/svg", W = 300, H = 60;
+  const svg = document.createElementNS(NS, "svg");
+  svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
+  svg.setAttribute("class", "chart");
+  const vals = samples.map(x => x[field] || 0);
+  const top = Math.max(...vals, 0.1);
+  if (vals.length > 1) {
+    const line = document.createElementNS(NS, "polyline");
+    line.setAttribute("points", vals.map((v, i) => `${(i * W / (vals.length - 1)).toFixed(1)},${(H - 2 - v * (H - 4) / top).toFixed(1)}`).join(" "));
+    svg.append(line);
+  }
+  const now = vals.length ? vals[vals.length - 1] : 0;
+  return h("div", { class: "card", "data-test": "chart-" + field }, h("div", { class: "barlabel" }, h("span", {}, title),
+    h("span", {}, "now " + fmt(now) + "/s · max " + fmt(Math.max(...vals, 0)) + "/s")), svg,
+    vals.length < 2 ? h("div", { class: "muted" }, "collecting (a sample every 10 s)…") : null);
+}
+
 async function overview() {
   const out = [h("h1", {}, "Overview")];
   if (session.admin) {
     const { nodes } = await call("/v1/nodes");
     out.push(h("h2", {}, "Nodes (" + nodes.length + ")"),
       h("div", { class: "grid", id: "nodes" }, nodes.map(nodeCard)));
+    const st = await call("/v1/stats");
+    const smp = st.samples || [];
+    out.push(h("h2", {}, "This server, last hour"), h("div", { class: "grid", id: "stats" },
+      chart("Creates", smp, "creates_per_s"), chart("Execs", smp, "execs_per_s"), chart("Errors (5xx)", smp, "errors_per_s")));
   } else {
     out.push(h("p", { class: "muted" }, "A tenant key: nodes and other tenants are not shown."));
   }
