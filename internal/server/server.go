@@ -38,6 +38,7 @@ import (
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/scheduler"
 	"github.com/dsec-project/dsec/internal/store"
+	"github.com/dsec-project/dsec/internal/ui"
 )
 
 // Config configures the control plane.
@@ -111,6 +112,7 @@ type Server struct {
 	auth    *authenticator
 	log     *slog.Logger
 	metrics *metrics
+	stats   statsRing // the dashboard's last hour of rates
 	nodes   *registry
 	fncall  *fncall.Manager
 	layers  layerCache
@@ -236,6 +238,7 @@ func (s *Server) Run(ctx context.Context) {
 	// hourly, so a short retention (in tests) is honoured promptly.
 	gcEvery := min(max(s.cfg.TrajectoryRetention/10, s.cfg.ReapInterval), time.Hour)
 	go s.runGC(ctx, gcEvery)
+	go s.runStats(ctx)
 	lastPurge, lastGC := time.Now(), time.Now()
 	for {
 		select {
@@ -325,6 +328,7 @@ func (s *Server) Handler() http.Handler {
 	admin("DELETE /v1/keys/{id}", s.deleteKey)
 	admin("GET /v1/tenants/{id}", s.getTenant)
 	admin("PUT /v1/tenants/{id}/quota", s.setQuota)
+	admin("GET /v1/stats", s.getStats)
 	admin("GET /v1/nodes", s.listNodes)
 	admin("GET /v1/nodes/{id}", s.getNode)
 	admin("POST /v1/nodes/{id}/drain", s.drainNode)
@@ -338,6 +342,9 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteJSON(w, http.StatusOK, map[string]any{"ok": true, "nodes": s.nodes.count()})
 	})
+	// The dashboard's static assets hold no data: the pages call /v1 with
+	// the user's key, under the same auth and tenant checks as any client.
+	mux.Handle("GET /ui/", ui.Handler())
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
 	mux.Handle("/", s.instrument("unmatched", func(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, r, errdefs.NotFound("no route %s %s", r.Method, r.URL.Path))
