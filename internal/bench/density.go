@@ -52,7 +52,7 @@ type densityRow struct {
 	serverKB, edgeKB  int64
 	runc              stats // zero when not measured at this step
 	runcMeasured      bool
-	singleErr, runErr error
+	runErr error
 }
 
 // Density fills the node step by step with idle sandboxes and reports at
