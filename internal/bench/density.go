@@ -41,18 +41,18 @@ type DensityConfig struct {
 
 // densityRow is what one step measured.
 type densityRow struct {
-	live              int
-	batchRate         float64
-	failed            int
-	first, warm       stats
-	hostKBPerSandbox  float64
-	agentPSSKB        int64
-	hostMounts        int // the host's mount table (pid 1's namespace)
-	nodeMounts        int // the edge's mounts under its data directory, in its namespace
-	serverKB, edgeKB  int64
-	runc              stats // zero when not measured at this step
-	runcMeasured      bool
-	runErr error
+	live             int
+	batchRate        float64
+	failed           int
+	first, warm      stats
+	hostKBPerSandbox float64
+	agentPSSKB       int64
+	hostMounts       int // the host's mount table (pid 1's namespace)
+	nodeMounts       int // the edge's mounts under its data directory, in its namespace
+	serverKB, edgeKB int64
+	runc             stats // zero when not measured at this step
+	runcMeasured     bool
+	runErr           error
 }
 
 // Density fills the node step by step with idle sandboxes and reports at
