@@ -85,7 +85,9 @@ func TestBusyNodeQueuesCreates(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a := nl.Admission; a.Waiting != 0 || a.Admitted != more || a.TimedOut != 0 {
+	// The spinners' own creates may have waited too (the node can turn
+	// busy before the last of them), so at least the 50 were admitted.
+	if a := nl.Admission; a.Waiting != 0 || a.Admitted < more || a.TimedOut != 0 {
 		t.Fatalf("admission after the load fell: %+v; want all %d admitted", a, more)
 	}
 }

@@ -87,6 +87,20 @@ func TestShellUnderTmux(t *testing.T) {
 	if got := sh(t, s.Client, sb.ID, "cat /tmp/edited.txt"); got != "typed in vi\n" {
 		t.Fatalf("file saved by vi: %q", got)
 	}
+	// Keys typed while the shell takes the terminal back from vi may be
+	// flushed by its own tcsetattr (busybox ash), as on any terminal: type
+	// a probe until the shell echoes it, then go on.
+	ready := regexp.MustCompile(`(?m)^ready-2\s*$`)
+	eventually(t, 60*time.Second, func() bool {
+		tmux("send-keys", "clear; echo ready-$((1+1))", "Enter")
+		for range 20 {
+			if ready.MatchString(tmux("capture-pane", "-p", "-J")) {
+				return true
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		return false
+	})
 	tmux("send-keys", "exit 7", "Enter")
 	pane(`(?m)^EXIT=7\s*$`)
 }
