@@ -95,6 +95,13 @@ func (s *session) read() {
 
 func (s *session) close() { _ = s.term.Close() }
 
+// ended reports whether the shell's terminal has closed.
+func (s *session) ended() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err != nil
+}
+
 func (s *session) send(text string) error {
 	if _, err := s.term.Write([]byte(text)); err != nil {
 		return pyErr(excOS, "the session's shell is gone: %v", err)
@@ -253,18 +260,22 @@ func (h *Handler) startSession(ctx context.Context, box Box, startup []string, t
 		}
 		return fail(err)
 	}
-	var cmds []string
-	for _, p := range startup {
-		cmds = append(cmds, "source "+p)
+	// SWE-ReX sends one line: sources, sleep 0.3, exports. The exports go
+	// on a line of their own here, because a POSIX sh abandons the rest of
+	// a line when a sourced file is missing; the prompt of the first line
+	// is the empty PS1 the shell started with, so it shows nowhere.
+	var line string
+	if len(startup) > 0 {
+		cmds := make([]string, 0, len(startup)+1)
+		for _, p := range startup {
+			cmds = append(cmds, "source "+p)
+		}
+		line = strings.Join(append(cmds, "sleep 0.3"), " ; ") + "\n"
 	}
-	if len(cmds) > 0 {
-		cmds = append(cmds, "sleep 0.3")
-	}
-	cmds = append(cmds, "export PS1='"+ps1+"'", "export PS2=''", "export PS0=''")
-	if err := s.send(strings.Join(cmds, " ; ") + "\n"); err != nil {
+	line += "export PS1='" + ps1 + "' ; export PS2='' ; export PS0=''\n"
+	if err := s.send(line); err != nil {
 		return fail(err)
 	}
-	// The launcher's own line ends with the marker's newline.
 	before, _, err := s.expect(ctx, []*regexp.Regexp{ps1Re}, timeout)
 	if err != nil {
 		if errors.Is(err, errExpectTimeout) {

@@ -118,15 +118,25 @@ func (h *Handler) runtime(id string) *runtime {
 	return rt
 }
 
-// forget drops a sandbox that is gone, closing what is left of its
-// sessions.
+// forget drops what is left of a sandbox that was not found: sessions
+// whose shell is gone, and the sandbox's state once none is left. The
+// sandbox may only be another tenant's, so live sessions stay.
 func (h *Handler) forget(id string) {
 	h.mu.Lock()
+	defer h.mu.Unlock()
 	rt := h.rts[id]
-	delete(h.rts, id)
-	h.mu.Unlock()
-	if rt != nil {
-		rt.closeAll()
+	if rt == nil {
+		return
+	}
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	for name, s := range rt.sessions {
+		if s != nil && s.ended() {
+			delete(rt.sessions, name)
+		}
+	}
+	if len(rt.sessions) == 0 {
+		delete(h.rts, id)
 	}
 }
 
