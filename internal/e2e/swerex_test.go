@@ -155,61 +155,10 @@ func TestSwerex(t *testing.T) {
 	c.ok("create_session", map[string]any{"startup_source": []string{"/root/.bashrc"}, "session": "default",
 		"session_type": "bash", "startup_timeout": 10.0})
 
-	t.Run("cd, export, exit codes", func(t *testing.T) {
-		c.t = t
-		for _, tc := range []struct {
-			cmd, out string
-			code     any
-		}{
-			{"cd /tmp", "", 0.0},
-			{"export GREETING=hello", "", 0.0},
-			{"pwd; echo $GREETING", "/tmp\nhello\n", 0.0},
-			{"false", "", 1.0},
-			{"(exit 3)", "", 3.0},
-			{"echo out; echo err >&2", "out\nerr\n", 0.0},
-			{"echo one\necho two", "one\ntwo\n", 0.0},
-			{"cat <<'EOF'\nin a heredoc\nEOF", "in a heredoc\n", 0.0},
-			{"# only a comment", "", 0.0},
-		} {
-			got := c.run(tc.cmd)
-			if got["output"] != tc.out || got["exit_code"] != tc.code {
-				t.Errorf("%q: output %q exit_code %v, want %q %v", tc.cmd, got["output"], got["exit_code"], tc.out, tc.code)
-			}
-		}
-		if got := c.run("false", "check", "ignore"); got["exit_code"] != nil {
-			t.Errorf("check=ignore: exit_code %v, want null", got["exit_code"])
-		}
-		ex := c.exception("run_in_session", bashAction("false", "check", "raise"))
-		if ex["class_path"] != "swerex.exceptions.NonZeroExitCodeError" {
-			t.Errorf("check=raise on exit 1: %v", ex)
-		}
-		ex = c.exception("run_in_session", bashAction("echo $(", "check", "raise"))
-		info, _ := ex["extra_info"].(map[string]any)
-		if ex["class_path"] != "swerex.exceptions.BashIncorrectSyntaxError" || info == nil || info["bash_stderr"] == "" {
-			t.Errorf("a syntax error: %v", ex)
-		}
-	})
-
-	t.Run("timeout and interrupt", func(t *testing.T) {
-		c.t = t
-		ex := c.exception("run_in_session", bashAction("sleep 300", "timeout", 1.0))
-		if ex["class_path"] != "swerex.exceptions.CommandTimeoutError" ||
-			!strings.HasPrefix(ex["message"].(string), "timeout after 1.0 seconds while running command") {
-			t.Fatalf("timeout: %v", ex)
-		}
-		got := c.ok("run_in_session", map[string]any{"session": "default", "timeout": 0.2, "n_retry": 3, "expect": []string{},
-			"action_type": "bash_interrupt"})
-		if got["exit_code"] != 0.0 {
-			t.Errorf("interrupt: %v", got)
-		}
-		// The session survived, with its cwd and environment.
-		if got := c.run("echo $GREETING in $(pwd)"); got["output"] != "hello in /tmp\n" || got["exit_code"] != 0.0 {
-			t.Errorf("after the interrupt: %v", got)
-		}
-		if res := sh(t, s.Client, m[1], "ps | grep -c '[s]leep 300' || true"); strings.TrimSpace(res) != "0" {
-			t.Errorf("the interrupted sleep still runs: %q", res)
-		}
-	})
+	testRexSession(t, s, c, m[1])
+	if res := sh(t, s.Client, m[1], "ps | grep -c '[s]leep 300' || true"); strings.TrimSpace(res) != "0" {
+		t.Errorf("the interrupted sleep still runs: %q", res)
+	}
 
 	t.Run("files and upload", func(t *testing.T) {
 		c.t = t
@@ -361,6 +310,70 @@ func TestSwerex(t *testing.T) {
 	})
 }
 
+// testRexSession runs a SWE-agent-style session on c's sandbox (id): cd,
+// export, exit codes, checks, a syntax error, a timeout and an interrupt.
+// The session "default" exists.
+func testRexSession(t *testing.T, s *testutil.Server, c *rexClient, id string) {
+	top := c.t
+	defer func() { c.t = top }()
+	t.Run("cd, export, exit codes", func(t *testing.T) {
+		c.t = t
+		for _, tc := range []struct {
+			cmd, out string
+			code     any
+		}{
+			{"cd /tmp", "", 0.0},
+			{"export GREETING=hello", "", 0.0},
+			{"pwd; echo $GREETING", "/tmp\nhello\n", 0.0},
+			{"false", "", 1.0},
+			{"(exit 3)", "", 3.0},
+			{"echo out; echo err >&2", "out\nerr\n", 0.0},
+			{"echo one\necho two", "one\ntwo\n", 0.0},
+			{"cat <<'EOF'\nin a heredoc\nEOF", "in a heredoc\n", 0.0},
+			{"# only a comment", "", 0.0},
+		} {
+			got := c.run(tc.cmd)
+			if got["output"] != tc.out || got["exit_code"] != tc.code {
+				t.Errorf("%q: output %q exit_code %v, want %q %v", tc.cmd, got["output"], got["exit_code"], tc.out, tc.code)
+			}
+		}
+		if got := c.run("false", "check", "ignore"); got["exit_code"] != nil {
+			t.Errorf("check=ignore: exit_code %v, want null", got["exit_code"])
+		}
+		ex := c.exception("run_in_session", bashAction("false", "check", "raise"))
+		if ex["class_path"] != "swerex.exceptions.NonZeroExitCodeError" {
+			t.Errorf("check=raise on exit 1: %v", ex)
+		}
+		ex = c.exception("run_in_session", bashAction("echo $(", "check", "raise"))
+		info, _ := ex["extra_info"].(map[string]any)
+		if ex["class_path"] != "swerex.exceptions.BashIncorrectSyntaxError" || info == nil || info["bash_stderr"] == "" {
+			t.Errorf("a syntax error: %v", ex)
+		}
+	})
+
+	t.Run("timeout and interrupt", func(t *testing.T) {
+		c.t = t
+		ex := c.exception("run_in_session", bashAction("sleep 300", "timeout", 1.0))
+		if ex["class_path"] != "swerex.exceptions.CommandTimeoutError" ||
+			!strings.HasPrefix(ex["message"].(string), "timeout after 1.0 seconds while running command") {
+			t.Fatalf("timeout: %v", ex)
+		}
+		got := c.ok("run_in_session", map[string]any{"session": "default", "timeout": 0.2, "n_retry": 3, "expect": []string{},
+			"action_type": "bash_interrupt"})
+		if got["exit_code"] != 0.0 {
+			t.Errorf("interrupt: %v", got)
+		}
+		// The session survived, with its cwd and environment.
+		if got := c.run("echo $GREETING in $(pwd)"); got["output"] != "hello in /tmp\n" || got["exit_code"] != 0.0 {
+			t.Errorf("after the interrupt: %v", got)
+		}
+		if got := c.run("sleep 0.1; echo done"); got["output"] != "done\n" {
+			t.Errorf("a command after the interrupt: %v", got)
+		}
+	})
+
+}
+
 // tenantKey makes a tenant and returns its id and an API key of it.
 func tenantKey(t *testing.T, s *testutil.Server, name string) (string, string) {
 	t.Helper()
@@ -370,4 +383,28 @@ func tenantKey(t *testing.T, s *testutil.Server, name string) (string, string) {
 		t.Fatal(err)
 	}
 	return id, k.Secret
+}
+
+// testSwerexBash runs the session on a base with bash (TestCompat's), as
+// SWE-agent's images have: bash's own syntax, and the same protocol.
+func testSwerexBash(t *testing.T, s *testutil.Server) {
+	out, err := exec.Command(filepath.Join(testutil.Binaries(t), "dsec"), "swerex", "create", "--base", compatBase,
+		"--url", s.URL, "--key", s.Key).Output()
+	if err != nil {
+		t.Fatalf("dsec swerex create: %v", err)
+	}
+	host := strings.TrimSpace(string(out))
+	id := host[strings.LastIndexByte(host, '/')+1:]
+	t.Cleanup(func() { s.Client.DeleteSandbox(context.Background(), id) })
+	c := &rexClient{t: t, host: host, key: s.Key}
+	c.ok("create_session", map[string]any{"startup_source": []string{"/root/.bashrc"}, "session": "default",
+		"session_type": "bash", "startup_timeout": 10.0})
+	if got := c.run("echo $BASH_VERSION"); !strings.HasPrefix(got["output"].(string), "5.") {
+		t.Fatalf("the session is not bash: %v", got)
+	}
+	testRexSession(t, s, c, id)
+	if got := c.run("a=(x y z); [[ ${#a[@]} == 3 ]] && echo ${a[1]}"); got["output"] != "y\n" || got["exit_code"] != 0.0 {
+		t.Errorf("bash syntax: %v", got)
+	}
+	c.ok("close", nil)
 }

@@ -22,6 +22,7 @@ const (
 	excNoSession      = "swerex.exceptions.SessionDoesNotExistError"
 	excNotInitialized = "swerex.exceptions.SessionNotInitializedError"
 	excPexpectTimeout = "pexpect.exceptions.TIMEOUT"
+	excEOF            = "pexpect.exceptions.EOF"
 	excNotFound       = "builtins.FileNotFoundError"
 	excIsDir          = "builtins.IsADirectoryError"
 	excUnicode        = "builtins.UnicodeDecodeError"

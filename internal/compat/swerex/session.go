@@ -31,18 +31,26 @@ const (
 	// markerTimeout bounds the wait for the exit code and the prompt after
 	// it (SWE-ReX: 1 s and 0.1 s on a local pty; a WebSocket hop is given
 	// more).
-	markerTimeout = 3 * time.Second
+	markerTimeout = 10 * time.Second
 	maxSessionBuf = 64 << 20
 )
 
 // launcher turns off the terminal's echo (pexpect's echo=False), says so,
-// and runs bash, or the image's POSIX sh where there is no bash.
-const launcher = `stty -echo 2>/dev/null; echo ` + readyMarker + `; ` +
-	`if command -v bash >/dev/null 2>&1; then exec bash; fi; exec sh`
+// and runs the shell: bash from PATH as SWE-ReX's /usr/bin/env bash, or,
+// in an image without bash, its POSIX sh with the same protocol.
+func launcher(shell string) string {
+	return "stty -echo 2>/dev/null; echo " + readyMarker + "; exec " + shell
+}
 
-// syntaxCheck is SWE-ReX's _check_bash_command: bash -n on the command
-// (sh -n where there is no bash).
-const syntaxCheck = `if command -v bash >/dev/null 2>&1; then exec bash -n; fi; exec sh -n`
+// shells are the session's shells, in order of preference.
+var shells = []string{"bash", "sh"}
+
+func shellArgv(shell string, args ...string) []string {
+	if shell == "bash" {
+		return append([]string{"/usr/bin/env", "bash"}, args...)
+	}
+	return append([]string{"/bin/sh"}, args...)
+}
 
 var ansiEscape = regexp.MustCompile("\x1b[@-_][0-?]*[ -/]*[@-~]")
 
@@ -55,8 +63,9 @@ func stripControl(b []byte) string {
 // session is one shell on a pseudo-terminal, read into a buffer that
 // expect searches as pexpect does.
 type session struct {
-	term io.ReadWriteCloser
-	run  sync.Mutex // one action at a time, as pexpect is blocking
+	term  io.ReadWriteCloser
+	shell string     // "bash" or "sh"
+	run   sync.Mutex // one action at a time, as pexpect is blocking
 
 	mu      sync.Mutex
 	buf     []byte
@@ -64,8 +73,8 @@ type session struct {
 	err     error         // why the reader ended
 }
 
-func newSession(term io.ReadWriteCloser) *session {
-	s := &session{term: term, changed: make(chan struct{})}
+func newSession(term io.ReadWriteCloser, shell string) *session {
+	s := &session{term: term, shell: shell, changed: make(chan struct{})}
 	go s.read()
 	return s
 }
@@ -140,7 +149,7 @@ func (s *session) expect(ctx context.Context, patterns []*regexp.Regexp, timeout
 		changed, rerr := s.changed, s.err
 		s.mu.Unlock()
 		if rerr != nil {
-			return nil, -1, pyErr("pexpect.exceptions.EOF", "End Of File (EOF). The session's shell exited: %v", rerr)
+			return nil, -1, pyErr(excEOF, "End Of File (EOF). The session's shell exited: %v", rerr)
 		}
 		select {
 		case <-changed:
@@ -244,21 +253,31 @@ func (h *Handler) createSession(ctx context.Context, r *http.Request, rt *runtim
 // startSession starts a shell as BashSession.start does: PS1, PS2 and PS0
 // set, startup files sourced, then the prompt awaited.
 func (h *Handler) startSession(ctx context.Context, box Box, startup []string, timeout time.Duration) (*session, string, error) {
-	term, err := box.Terminal(ctx, []string{"/bin/sh", "-c", launcher},
-		map[string]string{"PS1": "", "PS2": "", "PS0": "", "TERM": "dumb"})
-	if err != nil {
-		return nil, "", err
-	}
-	s := newSession(term)
-	fail := func(err error) (*session, string, error) {
+	var s *session
+	for i, sh := range shells {
+		term, err := box.Terminal(ctx, shellArgv(sh, "-c", launcher(sh)),
+			map[string]string{"PS1": "", "PS2": "", "PS0": "", "TERM": "dumb"})
+		if err != nil {
+			return nil, "", err
+		}
+		s = newSession(term, sh)
+		_, _, err = s.expect(ctx, []*regexp.Regexp{literal(readyMarker)}, spawnTimeout)
+		if err == nil {
+			break
+		}
 		s.close()
-		return nil, "", err
-	}
-	if _, _, err := s.expect(ctx, []*regexp.Regexp{literal(readyMarker)}, spawnTimeout); err != nil {
+		var pe *pyError
+		if errors.As(err, &pe) && pe.class == excEOF && i+1 < len(shells) {
+			continue // no such shell in the image: the next one
+		}
 		if errors.Is(err, errExpectTimeout) {
 			err = pyErr(excPexpectTimeout, "Timeout exceeded while starting the session's shell.")
 		}
-		return fail(err)
+		return nil, "", err
+	}
+	fail := func(err error) (*session, string, error) {
+		s.close()
+		return nil, "", err
 	}
 	// SWE-ReX sends one line: sources, sleep 0.3, exports. The exports go
 	// on a line of their own here, because a POSIX sh abandons the rest of
@@ -405,7 +424,7 @@ func wrap(cmd string) string {
 // runNormal is BashSession._run_normal: syntax check, run, wait for the
 // prompt, read the exit code.
 func (s *session) runNormal(ctx context.Context, box Box, a *action) (*observation, error) {
-	if err := checkSyntax(ctx, box, *a.Command); err != nil {
+	if err := checkSyntax(ctx, box, s.shell, *a.Command); err != nil {
 		return nil, err
 	}
 	cmd := wrap(*a.Command)
@@ -571,9 +590,10 @@ func (s *session) interrupt(ctx context.Context, a *action) (*observation, error
 	return nil, pyErr(excPexpectTimeout, "Failed to interrupt session")
 }
 
-// checkSyntax runs bash -n on the command in the sandbox.
-func checkSyntax(ctx context.Context, box Box, command string) error {
-	res, err := box.Exec(ctx, &api.ExecRequest{Cmd: []string{"/bin/sh", "-c", syntaxCheck}, Stdin: command + "\n",
+// checkSyntax is SWE-ReX's _check_bash_command: bash -n on the command
+// in the sandbox (sh -n in a session of sh).
+func checkSyntax(ctx context.Context, box Box, shell, command string) error {
+	res, err := box.Exec(ctx, &api.ExecRequest{Cmd: shellArgv(shell, "-n"), Stdin: command + "\n",
 		TimeoutMs: 30_000})
 	if err != nil {
 		return err

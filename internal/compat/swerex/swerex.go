@@ -89,6 +89,9 @@ func New(b Backend, cfg Config) *Handler {
 const (
 	maxBody     = 64 << 20 // a JSON body (write_file's content)
 	replaySlots = 32       // answers kept per sandbox for X-Request-ID
+	// maxCall bounds a call that goes on after its client left (a command
+	// without a timeout).
+	maxCall = 24 * time.Hour
 )
 
 // runtime is the state of one sandbox's SWE-ReX runtime: its sessions and
@@ -202,7 +205,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	rep, first := rt.claim(reqID, endpoint)
 	if first {
-		rep.status, rep.body = h.call(ctx, r, rt, box, endpoint, ep)
+		// A client retries when its connection failed: the call goes on
+		// without it, so that the retry gets its answer instead of a
+		// second run (as swerex-remote's handlers run to their end).
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), maxCall)
+		rep.status, rep.body = h.call(cctx, r, rt, box, endpoint, ep)
+		cancel()
 		close(rep.done)
 	} else {
 		select {
