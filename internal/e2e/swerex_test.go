@@ -331,6 +331,8 @@ func testRexSession(t *testing.T, s *testutil.Server, c *rexClient, id string) {
 			{"echo one\necho two", "one\ntwo\n", 0.0},
 			{"cat <<'EOF'\nin a heredoc\nEOF", "in a heredoc\n", 0.0},
 			{"# only a comment", "", 0.0},
+			// Longer than a terminal's line buffer (4095 bytes).
+			{"echo " + strings.Repeat("x", 6000) + " | wc -c", "6001\n", 0.0},
 		} {
 			got := c.run(tc.cmd)
 			if got["output"] != tc.out || got["exit_code"] != tc.code {

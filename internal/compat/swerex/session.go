@@ -66,6 +66,7 @@ type session struct {
 	term  io.ReadWriteCloser
 	shell string     // "bash" or "sh"
 	run   sync.Mutex // one action at a time, as pexpect is blocking
+	files int        // commands sent through a file (under run)
 
 	mu      sync.Mutex
 	buf     []byte
@@ -432,7 +433,11 @@ func (s *session) runNormal(ctx context.Context, box Box, a *action) (*observati
 	if err != nil {
 		return nil, err
 	}
-	if err := s.send(cmd + "\n"); err != nil {
+	line, err := s.viaFile(ctx, box, cmd)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.send(line + "\n"); err != nil {
 		return nil, err
 	}
 	var timeout time.Duration
@@ -465,6 +470,33 @@ func (s *session) runNormal(ctx context.Context, box Box, a *action) (*observati
 	obs.Output = strings.ReplaceAll(strings.ReplaceAll(obs.Output, uniqueString, ""), ps1, "")
 	obs.ExitCode = &code
 	return obs, nil
+}
+
+// maxTypedLine is the longest line typed into the terminal: a terminal
+// in canonical mode (a POSIX sh's, where readline does not read) cuts
+// lines at 4095 bytes.
+const maxTypedLine = 1024
+
+// viaFile returns the line that runs cmd in the session: cmd itself, or,
+// when a line of it is too long to type, "." of a file that holds it
+// (sourced, so cd and export persist; the file removes itself first).
+func (s *session) viaFile(ctx context.Context, box Box, cmd string) (string, error) {
+	long := false
+	for l := range strings.SplitSeq(cmd, "\n") {
+		if len(l) > maxTypedLine {
+			long = true
+			break
+		}
+	}
+	if !long {
+		return cmd, nil
+	}
+	s.files++
+	p := fmt.Sprintf("/tmp/.dsec-swerex-%d-%d", time.Now().UnixNano(), s.files)
+	if err := box.WriteFile(ctx, p, []byte("rm -f "+p+"\n"+cmd+"\n")); err != nil {
+		return "", err
+	}
+	return ". " + p, nil
 }
 
 var exitCodeRe = regexp.MustCompile(exitCodePrefix + "([0-9]+)")
