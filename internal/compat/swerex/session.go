@@ -362,6 +362,9 @@ func (h *Handler) runInSession(ctx context.Context, r *http.Request, rt *runtime
 		if a.NRetry == nil {
 			a.NRetry = ptr(3)
 		}
+		if *a.NRetry < 0 || *a.NRetry > 100 {
+			return nil, invalid("value_error", "n_retry must be between 0 and 100", *a.NRetry, "bash_interrupt", "n_retry")
+		}
 	default:
 		return nil, validationErrors{{Type: "union_tag_invalid", Loc: []string{"body"},
 			Msg:   fmt.Sprintf("Input tag '%s' found using 'action_type' does not match any of the expected tags: 'bash', 'bash_interrupt'", *a.ActionType),
@@ -591,7 +594,11 @@ func (s *session) interrupt(ctx context.Context, a *action) (*observation, error
 		}
 		before, idx, err := s.expect(ctx, patterns, timeout)
 		if errors.Is(err, errExpectTimeout) {
-			time.Sleep(200 * time.Millisecond)
+			select {
+			case <-time.After(200 * time.Millisecond):
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
 			continue
 		}
 		if err != nil {
