@@ -32,6 +32,7 @@ func TestCompat(t *testing.T) {
 		t.Fatalf("build the toolchain base: %v\n%s", err, out)
 	}
 	t.Run("SandboxFusion", func(t *testing.T) { testFusion(t, s) })
+	t.Run("SWE-ReX", func(t *testing.T) { testSwerexBash(t, s) })
 	waitNoPools(t, s.Client)
 	deleteAll(t, s.Client)
 	testutil.RequireNoSandboxLeft(t, s)

@@ -107,6 +107,7 @@ func (l *leasedBox) Release(clean bool) { l.s.fncall.Release(l.lease, clean) }
 // compatRoutes mounts the compatibility surfaces on mux.
 func (s *Server) compatRoutes(mux *routeMux) {
 	b := compatBackend{s}
+	s.swerexRoutes(mux)
 	c := s.cfg.Compat
 	if c.FusionPrefix == "" {
 		c.FusionPrefix = DefaultFusionPrefix
