@@ -349,7 +349,7 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle("/", s.instrument("unmatched", func(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, r, errdefs.NotFound("no route %s %s", r.Method, r.URL.Path))
 	}))
-	return mux
+	return s.withE2B(mux)
 }
 
 // queryBool reads a boolean query parameter: absent is false; a value
