@@ -212,15 +212,15 @@ func testE2BAPI(t *testing.T, s *testutil.Server) {
 	var sb e2bSandbox
 	json.Unmarshal(body, &sb)
 	id := e2b.DsecID(sb.SandboxID)
-	t.Cleanup(func() { s.Client.DeleteSandbox(context.Background(), id) })
+	v1 := client.New(s.URL, keyA)
+	t.Cleanup(func() { v1.DeleteSandbox(context.Background(), id) })
 
 	// The same sandbox through /v1, with its metadata as labels.
-	v1 := client.New(s.URL, keyA)
 	got, err := v1.GetSandbox(ctxT(t), id)
 	if err != nil || got.Labels["who"] != "a" || got.Labels[e2b.LabelTemplate] != "base" {
 		t.Fatalf("/v1 view of the E2B sandbox: %+v %v", got, err)
 	}
-	res, err := v1.Exec(ctxT(t), id, &api.ExecRequest{Shell: "echo from-v1 > /tmp/v1"})
+	res, err := v1.Exec(ctxT(t), id, &api.ExecRequest{Cmd: []string{"/bin/bash", "-c", "echo from-v1 > /tmp/v1"}})
 	if err != nil || res.ExitCode != 0 {
 		t.Fatalf("/v1 exec: %+v %v", res, err)
 	}
