@@ -2,7 +2,6 @@ package e2b
 
 import (
 	"context"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -316,9 +315,4 @@ func connectError(err error) error {
 		code = connect.CodeUnavailable
 	}
 	return connect.NewError(code, err)
-}
-
-// basicUser decodes "Basic base64(user:)" (for tests).
-func basicUser(user string) string {
-	return "Basic " + base64.StdEncoding.EncodeToString([]byte(user+":"))
 }
