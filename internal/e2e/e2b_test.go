@@ -235,6 +235,10 @@ func testE2BAPI(t *testing.T, s *testutil.Server) {
 	if err != nil || got.Labels["who"] != "a" || got.Labels[e2b.LabelTemplate] != "base" {
 		t.Fatalf("/v1 view of the E2B sandbox: %+v %v", got, err)
 	}
+	ls, err := v1.ListSandboxes(ctxT(t), client.ListOptions{Labels: map[string]string{"who": "a"}})
+	if err != nil || len(ls.Sandboxes) != 1 || ls.Sandboxes[0].ID != id {
+		t.Fatalf("/v1 list by the E2B metadata: %+v %v", ls, err)
+	}
 	res, err := v1.Exec(ctxT(t), id, &api.ExecRequest{Cmd: []string{"/bin/bash", "-c", "echo from-v1 > /tmp/v1"}})
 	if err != nil || res.ExitCode != 0 {
 		t.Fatalf("/v1 exec: %+v %v", res, err)

@@ -331,6 +331,11 @@ func (h *Handler) follow(ctx context.Context, t *target, procID string, pid uint
 			}
 		}
 	}
+	if v.Result.TimedOut {
+		// As envd: the process's lifetime was the request's deadline, so
+		// the stream ends with it (the SDK's TimeoutError).
+		return connect.NewError(connect.CodeDeadlineExceeded, errors.New("context deadline exceeded"))
+	}
 	if err := send(&process.ProcessEvent{Event: &process.ProcessEvent_End{End: endEvent(v.Result)}}); err != nil {
 		return err
 	}

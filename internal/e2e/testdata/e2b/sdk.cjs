@@ -51,6 +51,10 @@ async function main() {
     check(e.exitCode === 3, 'exitCode 3', e.exitCode)
     check(e.stdout === 'out\n', 'stdout of failed command', e.stdout)
   })
+  await step('timeout', async () => {
+    const e = await rejects(sb.commands.run('sleep 30', { timeoutMs: 1000 }), 'a command over its timeoutMs')
+    check(e.name === 'TimeoutError', 'TimeoutError', String(e))
+  })
   await step('env and cwd', async () => {
     const r = await sb.commands.run('echo $FOO $SB_VAR; pwd', { envs: { FOO: 'bar' }, cwd: '/tmp' })
     check(r.stdout === 'bar sbval\n/tmp\n', 'env and cwd', r.stdout)
