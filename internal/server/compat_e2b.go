@@ -144,12 +144,12 @@ func (c *endCloser) Close() error {
 	return err
 }
 
-// withE2B serves E2B's API beside next (see internal/compat/e2b), unless
-// it is turned off.
-func (s *Server) withE2B(next http.Handler) http.Handler {
+// withE2B serves E2B's API in front of mux's routes (see
+// internal/compat/e2b), unless it is turned off.
+func (s *Server) withE2B(mux *routeMux) {
 	cfg := s.cfg.Compat.E2B
 	if s.cfg.Compat.E2BOff {
-		return next
+		return
 	}
 	if cfg.Templates == nil {
 		cfg.Templates = DefaultE2BTemplates
@@ -158,12 +158,5 @@ func (s *Server) withE2B(next http.Handler) http.Handler {
 		cfg.Logger = s.log
 	}
 	h := e2b.New(e2bBackend{compatBackend{s}}, cfg)
-	served := s.instrument("E2B", h.ServeHTTP)
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if e2b.Match(r) {
-			served.ServeHTTP(w, r)
-			return
-		}
-		next.ServeHTTP(w, r)
-	})
+	mux.fronts = append(mux.fronts, front{match: e2b.Match, h: s.instrument("E2B", h.ServeHTTP)})
 }

@@ -349,7 +349,8 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle("/", s.instrument("unmatched", func(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, r, errdefs.NotFound("no route %s %s", r.Method, r.URL.Path))
 	}))
-	return s.withE2B(mux)
+	s.withE2B(mux)
+	return mux
 }
 
 // queryBool reads a boolean query parameter: absent is false; a value
