@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/compat/e2b/envdpb/filesystem"
@@ -39,6 +40,7 @@ type fakeBackend struct {
 	files   map[string]string // path → content, in every sandbox
 	created []api.CreateSandboxRequest
 	signals []string
+	execs   []api.ExecRequest
 }
 
 func newFake() *fakeBackend {
@@ -161,6 +163,7 @@ func (f *fakeBackend) Agent(ctx context.Context, id, method, path string, q url.
 	case method == "POST" && path == "/exec":
 		var req api.ExecRequest
 		json.NewDecoder(body).Decode(&req)
+		f.execs = append(f.execs, req)
 		if !req.Background {
 			return ok(`{"exit_code":0}`)
 		}
@@ -173,6 +176,9 @@ func (f *fakeBackend) Agent(ctx context.Context, id, method, path string, q url.
 		}
 		return ok("err\n")
 	case path == "/procs/p-1/wait":
+		if n := len(f.execs); n > 0 && f.execs[n-1].TimeoutMs == 1500 {
+			return ok(`{"id":"p-1","pid":42,"running":false,"result":{"exit_code":137,"signal":"SIGKILL","timed_out":true}}`)
+		}
 		return ok(`{"id":"p-1","pid":42,"running":false,"result":{"exit_code":3}}`)
 	case path == "/procs/p-1/signal":
 		f.signals = append(f.signals, q.Get("signal"))
@@ -403,7 +409,7 @@ func streamHeaders(h http.Header, id, token string) {
 }
 
 func TestEnvdProcess(t *testing.T) {
-	_, srv := setup(t)
+	f, srv := setup(t)
 	call(t, srv, "ka", "POST", "/sandboxes", `{"templateID":"base"}`)
 	for _, asJSON := range []bool{true, false} {
 		pc := processconnect.NewProcessClient(srv.Client(), srv.URL, envdOpts("sb001abc", "ka", asJSON)...)
@@ -467,6 +473,25 @@ func TestEnvdProcess(t *testing.T) {
 	if _, err := pc.CloseStdin(context.Background(), connect.NewRequest(&process.CloseStdinRequest{
 		Process: &process.ProcessSelector{Selector: &process.ProcessSelector_Pid{Pid: 42}}})); err != nil {
 		t.Fatalf("close stdin: %v", err)
+	}
+	// Connect-Timeout-Ms is the process's lifetime: passed to the exec
+	// (not imposed on the request), and a timed-out process ends the
+	// stream with deadline_exceeded.
+	req0 := connect.NewRequest(&process.StartRequest{Process: &process.ProcessConfig{Cmd: "sleep", Args: []string{"9"}, Cwd: proto.String("/tmp"), Envs: map[string]string{"A": "b"}}, Tag: proto.String("tg")})
+	streamHeaders(req0.Header(), "sb001abc", "ka")
+	req0.Header().Set("Connect-Timeout-Ms", "1500")
+	st0, _ := pc.Start(context.Background(), req0)
+	for st0.Receive() {
+	}
+	if connect.CodeOf(st0.Err()) != connect.CodeDeadlineExceeded {
+		t.Fatalf("timed out: %v", st0.Err())
+	}
+	f.mu.Lock()
+	last := f.execs[len(f.execs)-1]
+	f.mu.Unlock()
+	if last.TimeoutMs != 1500 || last.Cwd != "/tmp" || last.Env["A"] != "b" || last.Tag != "tg" || !last.Background ||
+		strings.Join(last.Cmd, " ") != "sleep 9" {
+		t.Fatalf("exec request %+v", last)
 	}
 	// Start without a command.
 	req := connect.NewRequest(&process.StartRequest{Process: &process.ProcessConfig{}})

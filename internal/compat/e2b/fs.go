@@ -255,7 +255,10 @@ func (s *fsService) Remove(ctx context.Context, req *connect.Request[filesystem.
 const (
 	pollEvery   = 300 * time.Millisecond
 	maxWatchers = 1024
-	maxPending  = 10_000
+	// maxSandboxWatchers keeps one sandbox from taking them all.
+	maxSandboxWatchers = 64
+	maxPending         = 10_000
+	watcherIdle        = 10 * time.Minute
 )
 
 type snapshot map[string]*filesystem.EntryInfo // by path relative to the root
@@ -268,6 +271,7 @@ type watcher struct {
 
 	mu   sync.Mutex
 	last snapshot
+	used time.Time // last created or polled
 }
 
 type watchers struct {
@@ -339,7 +343,7 @@ func (h *Handler) newWatcher(ctx context.Context, t *target, p string, recursive
 	if st.Type != filesystem.FileType_FILE_TYPE_DIRECTORY {
 		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("path %s is not a directory", p))
 	}
-	w := &watcher{sandbox: t.id, root: p, recursive: recursive, withEntry: withEntry}
+	w := &watcher{sandbox: t.id, root: p, recursive: recursive, withEntry: withEntry, used: time.Now()}
 	if w.last, err = h.snapshot(ctx, w); err != nil {
 		return nil, connectError(err)
 	}
@@ -358,7 +362,7 @@ func (h *Handler) poll(ctx context.Context, w *watcher) ([]*filesystem.Filesyste
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	evs := diff(w.last, snap, w.withEntry)
-	w.last = snap
+	w.last, w.used = snap, time.Now()
 	return evs, nil
 }
 
@@ -428,6 +432,27 @@ func (s *fsService) CreateWatcher(ctx context.Context, req *connect.Request[file
 	ws := s.h.watchers
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
+	if len(ws.m) >= maxWatchers {
+		// Forget the watchers nobody polled for a while (their client,
+		// or their sandbox, is gone).
+		for id, w := range ws.m {
+			w.mu.Lock()
+			stale := time.Since(w.used) > watcherIdle
+			w.mu.Unlock()
+			if stale {
+				delete(ws.m, id)
+			}
+		}
+	}
+	n := 0
+	for _, w := range ws.m {
+		if w.sandbox == t.id {
+			n++
+		}
+	}
+	if n >= maxSandboxWatchers {
+		return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("at most %d watchers per sandbox; remove some with RemoveWatcher", maxSandboxWatchers))
+	}
 	if len(ws.m) >= maxWatchers {
 		return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("at most %d watchers; remove some with RemoveWatcher", maxWatchers))
 	}
