@@ -12,6 +12,7 @@
 #                      the base SandboxFusion's /run_code runs in
 #   make guest-kernel   fetch the microVM guest kernel (also done by run and test)
 #   make vm-image       build the small bootable vm image the fullvm tests boot (also done by test)
+#   make e2b-proto      regenerate the E2B envd Connect code (committed) from its .proto files
 
 GO      ?= go
 DATA    ?= .dsec
@@ -32,7 +33,7 @@ GUEST_KERNEL_PKG ?= linux-image-cloud-amd64
 GUEST_KERNEL     := bin/guest-kernel
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: all build run test test-unit lint deps tools check-go clean debian-base sandboxfusion-base guest-kernel vm-image
+.PHONY: all build run test test-unit lint deps tools check-go clean debian-base sandboxfusion-base guest-kernel vm-image e2b-proto
 
 all: build
 
@@ -46,6 +47,8 @@ deps:
 		echo "installing:$$missing"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
+	@# npm for the E2B SDK test, unless a Node.js with its own npm is there.
+	@command -v npm >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm; }
 
 # tools builds the Go tools tests need, once.
 tools: check-go
@@ -117,6 +120,17 @@ debian-base: deps build
 # debootstrap; same DATA and LISTEN as `make run`.
 sandboxfusion-base: deps build
 	DSEC_URL=http://$(LISTEN) DSEC_API_KEY=$$(cat $(DATA)/admin.key) examples/build_sandboxfusion_base.sh
+
+# e2b-proto regenerates internal/compat/e2b/envdpb (committed; never run
+# by build or test). Needs protoc (apt: protobuf-compiler); the two Go
+# plugins are built into bin/ at the versions go.mod pins.
+E2B_PROTO := internal/compat/e2b/envdpb
+e2b-proto: check-go
+	@command -v protoc >/dev/null || { echo "needs protoc (apt-get install protobuf-compiler)"; exit 1; }
+	GOBIN=$(CURDIR)/bin $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go connectrpc.com/connect/cmd/protoc-gen-connect-go
+	PATH=$(CURDIR)/bin:$$PATH protoc -I $(E2B_PROTO) --go_out=$(E2B_PROTO) --go_opt=paths=source_relative \
+		--connect-go_out=$(E2B_PROTO) --connect-go_opt=paths=source_relative \
+		process/process.proto filesystem/filesystem.proto
 
 clean:
 	rm -rf bin

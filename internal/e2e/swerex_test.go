@@ -274,7 +274,7 @@ func TestSwerex(t *testing.T) {
 	})
 
 	t.Run("other tenant", func(t *testing.T) {
-		_, key := tenantKey(t, s, "swerex-other")
+		_, key := swerexTenantKey(t, s, "swerex-other")
 		other := &rexClient{t: t, host: host, key: key}
 		for _, ep := range []string{"run_in_session", "read_file", "close"} {
 			if a := other.post(ep, bashAction("touch /tmp/pwned")); a.status != http.StatusNotFound || a.body["detail"] == nil {
@@ -377,7 +377,7 @@ func testRexSession(t *testing.T, s *testutil.Server, c *rexClient, id string) {
 }
 
 // tenantKey makes a tenant and returns its id and an API key of it.
-func tenantKey(t *testing.T, s *testutil.Server, name string) (string, string) {
+func swerexTenantKey(t *testing.T, s *testutil.Server, name string) (string, string) {
 	t.Helper()
 	_, id := tenantClient(t, s, name)
 	k, err := s.Client.CreateKey(ctxT(t), id, false)

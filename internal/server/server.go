@@ -349,6 +349,7 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle("/", s.instrument("unmatched", func(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, r, errdefs.NotFound("no route %s %s", r.Method, r.URL.Path))
 	}))
+	s.withE2B(mux)
 	return mux
 }
 
