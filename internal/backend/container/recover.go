@@ -49,6 +49,9 @@ func (b *Backend) Recover(ctx context.Context) ([]backend.Spec, error) {
 	for _, e := range entries {
 		id := e.Name()
 		known[id] = true
+		if b.ownsBlank(id) {
+			continue
+		}
 		rec, err := readRecord(filepath.Join(b.dir(id), "sandbox.json"))
 		if err != nil {
 			b.log.Info("recover: removing unfinished sandbox", "sandbox", id, "reason", err)
