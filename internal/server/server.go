@@ -200,6 +200,7 @@ func New(cfg Config) *Server {
 		admission: admission.New(admissionPoll),
 	}
 	s.registerAdmissionMetrics()
+	s.registerBlankPoolMetrics()
 	if len(s.urlKey) == 0 {
 		s.urlKey = make([]byte, 32)
 		rand.Read(s.urlKey)

@@ -40,17 +40,7 @@ type PoolConfig struct {
 }
 
 // PoolStats describes the pool, for the node's report and metrics.
-type PoolStats struct {
-	// Size is the blank sandboxes ready to claim; Target what the pool
-	// refills toward (recent demand, between Min and Max).
-	Size   int `json:"size"`
-	Target int `json:"target"`
-	Max    int `json:"max"`
-	// Claims counts creates served from the pool, Misses eligible creates
-	// that found it empty (or whose claim failed) and started cold.
-	Claims uint64 `json:"claims"`
-	Misses uint64 `json:"misses"`
-}
+type PoolStats = api.BlankPool
 
 // poolPrefix names blank sandboxes; no tenant sandbox id has it (ids are
 // the server's "sb-…").
