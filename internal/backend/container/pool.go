@@ -353,6 +353,7 @@ func (b *Backend) createPooled(ctx context.Context, spec backend.Spec) (bool, er
 // left.
 func (b *Backend) claim(ctx context.Context, blank *record, spec backend.Spec) (err error) {
 	old, id := blank.Spec.ID, spec.ID
+	t0 := time.Now()
 	if err := b.renameContainer(old, id); err != nil {
 		b.teardown(context.WithoutCancel(ctx), old, blank)
 		return err
@@ -382,15 +383,20 @@ func (b *Backend) claim(ctx context.Context, blank *record, spec backend.Spec) (
 	if err := applyLimits(st, spec.Resources); err != nil {
 		return fmt.Errorf("claim: limits: %w", err)
 	}
+	t1 := time.Now()
 	if err := b.acquire(ctx, rec); err != nil {
 		return err
 	}
+	t2 := time.Now()
 	if err := b.resetInPlace(ctx, rec, &agent.Identity{Hostname: id, Env: sandboxEnv(spec)}); err != nil {
 		return fmt.Errorf("claim: %w", err)
 	}
+	t3 := time.Now()
 	if err := b.pushFiles(ctx, rec); err != nil {
 		return err
 	}
+	b.log.DebugContext(ctx, "pool: claim steps", "sandbox", id, "rename_and_limits", t1.Sub(t0), "layers", t2.Sub(t1),
+		"root_switch", t3.Sub(t2), "files", time.Since(t3))
 	if err := backend.WriteJSONFile(filepath.Join(b.dir(id), "sandbox.json"), rec); err != nil {
 		return err
 	}

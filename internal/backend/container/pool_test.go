@@ -212,3 +212,39 @@ func lineDiff(got, want string) string {
 	slices.Sort(out)
 	return strings.Join(out, "\n")
 }
+
+// TestPoolFollowsDemand: the pool's target is the eligible creates of the
+// last window, between its minimum and maximum; takes from an empty pool
+// are misses.
+func TestPoolFollowsDemand(t *testing.T) {
+	p := newPool(PoolConfig{Max: 5, Min: 2, Window: time.Minute})
+	now := time.Now()
+	if got := p.target(now); got != 2 {
+		t.Fatalf("target without demand %d, want the minimum 2", got)
+	}
+	for range 3 {
+		if p.take() != nil {
+			t.Fatal("an empty pool handed out a sandbox")
+		}
+	}
+	if st := (&Backend{pool: p}).PoolStats(); st.Misses != 3 || st.Target != 3 || st.Max != 5 {
+		t.Fatalf("after 3 creates: %+v", st)
+	}
+	for range 10 {
+		p.take()
+	}
+	if got := p.target(now); got != 5 {
+		t.Fatalf("target after 13 creates %d, want the maximum 5", got)
+	}
+	if got := p.target(now.Add(2 * time.Minute)); got != 2 {
+		t.Fatalf("target a window later %d, want the minimum 2", got)
+	}
+	rec := &record{Spec: backend.Spec{ID: poolPrefix + "x"}}
+	p.put(rec)
+	if got := p.take(); got != rec {
+		t.Fatalf("take after put: %v", got)
+	}
+	if p := newPool(PoolConfig{Max: 1, Min: 4}); p.cfg.Min != 1 || p.cfg.Window != time.Minute {
+		t.Fatalf("config not bounded: %+v", p.cfg)
+	}
+}

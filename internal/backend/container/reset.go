@@ -129,9 +129,11 @@ func (b *Backend) resetInPlace(ctx context.Context, rec *record, ident *agent.Id
 		return fmt.Errorf("move the new writable layer: %w", err)
 	}
 	os.Remove(next)
+	tWait := time.Now()
 	if err := b.waitAgent(ctx, id, res.Instance); err != nil {
 		return err
 	}
+	tUp := time.Now()
 	// The new agent forks its commands from a thread of its own: it needs
 	// the commands' cpu cgroup again.
 	if err := b.limitCPU(ctx, rec); err != nil {
@@ -147,7 +149,7 @@ func (b *Backend) resetInPlace(ctx context.Context, rec *record, ident *agent.Id
 	b.recordBaseline(id)
 	b.log.Debug("reset in place: steps", "sandbox", id, "disk", tRoot.Sub(tDisk), "overlay", tAgent.Sub(tRoot),
 		"agent", tSwap.Sub(tAgent), "agent_reported", time.Duration(res.DurationMs)*time.Millisecond,
-		"killed", res.Killed, "swap_and_wait", time.Since(tSwap))
+		"killed", res.Killed, "swap", tWait.Sub(tSwap), "agent_up", tUp.Sub(tWait), "cpu_and_baseline", time.Since(tUp))
 	return nil
 }
 
