@@ -173,14 +173,16 @@ func (b *Backend) refill() {
 			}
 			p.mu.Unlock()
 			if surplus != nil {
-				b.teardown(ctx, surplus.Spec.ID, surplus)
+				b.teardown(context.WithoutCancel(ctx), surplus.Spec.ID, surplus)
 				p.owned.Delete(surplus.Spec.ID)
 				continue
 			}
 			if need <= 0 {
 				break
 			}
-			sctx, scancel := context.WithTimeout(ctx, time.Minute)
+			// Not cut short by Close: a runc run killed half way would
+			// leave a container runc has no state for. Close waits.
+			sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 			rec, err := b.startBlank(sctx)
 			scancel()
 			p.mu.Lock()
