@@ -20,7 +20,7 @@ func TestConformance(t *testing.T) { conformance(t, container.PoolConfig{}) }
 // sandboxes on: a create claims a blank one, and must give exactly what a
 // cold create gives.
 func TestConformancePool(t *testing.T) {
-	conformance(t, container.PoolConfig{Max: 4, Min: 2})
+	conformance(t, container.PoolConfig{Max: 2, Min: 2})
 }
 
 func conformance(t *testing.T, pool container.PoolConfig) {
