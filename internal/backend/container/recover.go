@@ -149,7 +149,7 @@ func (b *Backend) Recover(ctx context.Context) ([]backend.Spec, error) {
 
 	if ids, err := b.runc.list(ctx); err == nil {
 		for _, id := range ids {
-			if !known[id] {
+			if !known[id] && !b.ownsBlank(id) { // a blank the pool started meanwhile
 				b.log.Info("recover: deleting orphan container", "sandbox", id)
 				b.runc.delete(ctx, id)
 			}
