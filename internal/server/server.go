@@ -76,6 +76,10 @@ type Config struct {
 	// for control planes with several replicas, whose layer writes a
 	// removal in this process cannot be serialised with.
 	KeepLayerObjects bool
+	// BuildCacheTTL is how long a Dockerfile step's cache layer that no
+	// layer stacks on is kept after a build last used it;
+	// DefaultBuildCacheTTL if zero. Fork layers go once their copies do.
+	BuildCacheTTL time.Duration
 	// ReapInterval is how often expired sandboxes are looked for.
 	ReapInterval time.Duration
 	// BatchParallel bounds the sandboxes of one batch built at once on
