@@ -4,7 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/dsec-project/dsec/internal/backend/microvm"
@@ -15,89 +16,126 @@ import (
 // state goes to a local file as fast as the disk takes it.
 const migrateBandwidth = 64 << 30
 
-// SaveState implements microvm.VMM: with the vCPUs stopped, the guest's
-// RAM and device state are written to path by QEMU's migration (to a
-// `cat` it runs: QEMU 7.2, Debian 12's, has no file: migration). The
-// machine stays stopped; Resume continues it (its disks are handed back
-// to it by "cont"), Stop ends it.
-func (v *VMM) SaveState(ctx context.Context, m *microvm.Machine, p microvm.Process, path string) error {
-	if strings.ContainsAny(path, "'\n") {
-		return fmt.Errorf("qemu save state of %s: unsafe path %q", m.ID, path)
-	}
-	if err := v.control(ctx, m, p, "stop", nil, nil); err != nil {
-		return err
-	}
-	if err := v.control(ctx, m, p, "migrate-set-parameters", map[string]any{"max-bandwidth": migrateBandwidth}, nil); err != nil {
-		return err
-	}
-	if err := v.control(ctx, m, p, "migrate", map[string]any{"uri": "exec:cat > '" + path + "'"}, nil); err != nil {
-		return err
-	}
-	return v.waitMigration(ctx, m, p, "query-migrate")
-}
+// stateTimeout bounds saving or loading a guest's state.
+const stateTimeout = 5 * time.Minute
 
-// waitMigration polls the state of a migration until it completes.
-func (v *VMM) waitMigration(ctx context.Context, m *microvm.Machine, p microvm.Process, query string) error {
-	for {
-		var st struct {
-			Status    string `json:"status"`
-			ErrorDesc string `json:"error-desc"`
-		}
-		if err := v.control(ctx, m, p, query, nil, &st); err != nil {
+// SaveState implements microvm.VMM: with the vCPUs stopped, the guest's
+// RAM and device state are written to path by QEMU's migration, to a file
+// descriptor handed over QMP (QEMU 7.2, Debian 12's, has no file:
+// migration, and an exec: one may kill its writer before it has written
+// everything). The machine stays stopped; Resume continues it (its disks
+// are handed back to it by "cont"), Stop ends it.
+func (v *VMM) SaveState(ctx context.Context, m *microvm.Machine, p microvm.Process, path string) error {
+	if !p.Alive() {
+		return fmt.Errorf("qemu save state of %s: %w", m.ID, errGone)
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return fmt.Errorf("qemu save state of %s: %w", m.ID, err)
+	}
+	defer f.Close()
+	ctx, cancel := context.WithTimeout(ctx, stateTimeout)
+	defer cancel()
+	err = qmpSessionFD(ctx, filepath.Join(m.Dir, microvm.ControlSock), f, func(run func(string, any, any) error) error {
+		if err := run("stop", nil, nil); err != nil {
 			return err
 		}
-		switch st.Status {
-		case "completed":
-			return nil
-		case "failed", "cancelled":
-			return fmt.Errorf("qemu migration of %s %s: %s", m.ID, st.Status, st.ErrorDesc)
+		if err := run("migrate-set-parameters", map[string]any{"max-bandwidth": migrateBandwidth}, nil); err != nil {
+			return err
 		}
-		select {
-		case <-ctx.Done():
+		if err := run("getfd", map[string]any{"fdname": "state"}, nil); err != nil {
+			return err
+		}
+		if err := run("migrate", map[string]any{"uri": "fd:state"}, nil); err != nil {
+			return err
+		}
+		for {
+			var st struct {
+				Status    string `json:"status"`
+				ErrorDesc string `json:"error-desc"`
+			}
+			if err := run("query-migrate", nil, &st); err != nil {
+				return err
+			}
+			switch st.Status {
+			case "completed":
+				return nil
+			case "failed", "cancelled":
+				return fmt.Errorf("migration %s: %s", st.Status, st.ErrorDesc)
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	})
+	if err != nil {
+		if ctx.Err() != nil {
 			v.control(context.WithoutCancel(ctx), m, p, "migrate_cancel", nil, nil)
-			return fmt.Errorf("qemu migration of %s: %w", m.ID, ctx.Err())
-		case <-time.After(20 * time.Millisecond):
 		}
+		return fmt.Errorf("qemu save state of %s: %w", m.ID, err)
 	}
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("qemu save state of %s: %w", m.ID, err)
+	}
+	return nil
 }
 
 // Restore implements microvm.VMM: QEMU starts as Start starts it, but
-// waiting for an incoming migration, loads the state at path and runs
-// the guest from there. m must have the devices of the machine that
-// saved the state (its disks may be other files with the same content).
+// waiting for an incoming migration, loads the state at path (through a
+// file descriptor handed over QMP) and runs the guest from there. m must
+// have the devices of the machine that saved the state (its disks may be
+// other files with the same content).
 func (v *VMM) Restore(ctx context.Context, m *microvm.Machine, path string) (microvm.Process, error) {
-	if strings.ContainsAny(path, "'\n") {
-		return microvm.Process{}, fmt.Errorf("qemu restore of %s: unsafe path %q", m.ID, path)
+	f, err := os.Open(path)
+	if err != nil {
+		return microvm.Process{}, fmt.Errorf("qemu restore of %s: %w", m.ID, err)
 	}
+	defer f.Close()
 	p, err := v.start(ctx, m, "-incoming", "defer")
 	if err != nil {
 		return microvm.Process{}, err
 	}
-	fail := func(err error) (microvm.Process, error) {
+	ctx, cancel := context.WithTimeout(ctx, stateTimeout)
+	defer cancel()
+	err = qmpSessionFD(ctx, filepath.Join(m.Dir, microvm.ControlSock), f, func(run func(string, any, any) error) error {
+		if err := run("getfd", map[string]any{"fdname": "state"}, nil); err != nil {
+			return err
+		}
+		if err := run("migrate-incoming", map[string]any{"uri": "fd:state"}, nil); err != nil {
+			return err
+		}
+		for {
+			var st struct {
+				Status string `json:"status"`
+			}
+			if err := run("query-status", nil, &st); err != nil {
+				return err
+			}
+			switch st.Status {
+			case "running":
+				return nil
+			case "inmigrate", "prelaunch", "restore-vm":
+			case "paused", "postmigrate":
+				// The state was saved from a stopped guest: it loads
+				// stopped, and goes on here.
+				if err := run("cont", nil, nil); err != nil {
+					return err
+				}
+			default:
+				return errors.New("the guest is " + st.Status + " after loading its state")
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	})
+	if err != nil {
 		p.Kill(context.WithoutCancel(ctx))
 		return microvm.Process{}, fmt.Errorf("qemu restore of %s: %w", m.ID, err)
 	}
-	if err := v.control(ctx, m, p, "migrate-incoming", map[string]any{"uri": "exec:cat '" + path + "'"}, nil); err != nil {
-		return fail(err)
-	}
-	for {
-		var st struct {
-			Status string `json:"status"`
-		}
-		if err := v.control(ctx, m, p, "query-status", nil, &st); err != nil {
-			return fail(err)
-		}
-		switch st.Status {
-		case "running":
-			return p, nil
-		case "inmigrate", "prelaunch", "restore-vm", "paused":
-		default:
-			return fail(errors.New("the guest is " + st.Status + " after loading its state"))
-		}
-		select {
-		case <-ctx.Done():
-			return fail(ctx.Err())
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+	return p, nil
 }
