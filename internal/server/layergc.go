@@ -132,13 +132,13 @@ func (s *Server) removeUnused(ctx context.Context, digests []string) (int, error
 
 // Layers dsec makes for its own needs go once nothing uses them: a fork's
 // snapshot layer (fork/<parent>:<fork id>) when no copy of the fork runs
-// on it any more and no snapshot stacks on it, after forkLayerGrace (a
+// on it any more and no snapshot stacks on it, after ForkLayerGrace (a
 // fork in flight has packed its layer before its copies are recorded);
 // a Dockerfile step's cache layer (build-cache/<key>:1) when no layer
 // stacks on it (a build's result kept as layers does) and no build has
 // used it for BuildCacheTTL (a cache hit renews it).
 const (
-	forkLayerGrace        = 10 * time.Minute
+	DefaultForkLayerGrace = 10 * time.Minute
 	DefaultBuildCacheTTL  = 7 * 24 * time.Hour
 	collectLayersPerRound = 100
 )
@@ -150,13 +150,17 @@ func (s *Server) collectLayers(ctx context.Context) (int, error) {
 	if ttl <= 0 {
 		ttl = DefaultBuildCacheTTL
 	}
+	grace := s.cfg.ForkLayerGrace
+	if grace <= 0 {
+		grace = DefaultForkLayerGrace
+	}
 	now := time.Now()
 	total := 0
 	for _, c := range []struct {
 		prefix string
 		before time.Time
 	}{
-		{forkLayerPrefix, now.Add(-forkLayerGrace)},
+		{forkLayerPrefix, now.Add(-grace)},
 		{buildCachePrefix, now.Add(-ttl)},
 	} {
 		for {
