@@ -113,10 +113,15 @@ func (b *Backend) wake(ctx context.Context, v *vm) error {
 // on error no VMM runs.
 func (b *Backend) restore(ctx context.Context, v *vm, path string) (err error) {
 	os.Remove(filepath.Join(v.Machine.Dir, ConsoleLog))
+	t0 := time.Now()
 	p, err := b.cfg.VMM.Restore(ctx, &v.Machine, path)
 	if err != nil {
 		return err
 	}
+	loaded := time.Now()
+	defer func() {
+		b.log.Debug("restored", "sandbox", v.Spec.ID, "load", loaded.Sub(t0), "agent", time.Since(loaded), "err", err)
+	}()
 	v.mu.Lock()
 	v.Process = p
 	v.mu.Unlock()
