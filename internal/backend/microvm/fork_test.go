@@ -164,6 +164,22 @@ func TestHibernate(t *testing.T) {
 	if st, err := b.State(ctx, id); err != nil || st != api.StatePaused {
 		t.Fatalf("after recover: state %s, %v; want paused", st, err)
 	}
+	// A hibernated VM forks from its saved state, without waking.
+	cp := id + "-h"
+	if _, err := b.Fork(ctx, id, []string{cp}); err != nil {
+		t.Fatal(err)
+	}
+	cag := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return b.Dial(ctx, cp) })
+	defer cag.Close()
+	if n := counter(t, cag); n < frozenAt {
+		t.Fatalf("the copy of a hibernated VM: counter %d, %d at the pause", n, frozenAt)
+	}
+	if st, err := b.State(ctx, id); err != nil || st != api.StatePaused {
+		t.Fatalf("the parent after a fork while hibernated: %s, %v", st, err)
+	}
+	if err := b.Destroy(ctx, cp); err != nil {
+		t.Fatal(err)
+	}
 	if err := b.Resume(ctx, id); err != nil {
 		t.Fatal(err)
 	}
