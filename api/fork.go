@@ -47,9 +47,15 @@ type ForkedTrajectory struct {
 // snapshot layer they start from (shared by all of them) and, when asked,
 // their trajectories (index-aligned with Sandboxes).
 type ForkResult struct {
-	Fork         string             `json:"fork"`
-	Parent       string             `json:"parent"`
-	Layer        string             `json:"layer"`
+	Fork   string `json:"fork"`
+	Parent string `json:"parent"`
+	// Layer is the snapshot layer of a container's fork; a microVM's fork
+	// makes none (its copies have the parent's layers and a copy of its
+	// writable disk).
+	Layer string `json:"layer,omitempty"`
+	// Memory says the copies carry the parent's memory and processes (a
+	// microVM's fork); a container's copies carry its files only.
+	Memory       bool               `json:"memory,omitempty"`
 	Sandboxes    []Sandbox          `json:"sandboxes"`
 	Trajectories []ForkedTrajectory `json:"trajectories,omitempty"`
 	// PausedMs is how long the parent was frozen; DurationMs the whole
@@ -57,3 +63,19 @@ type ForkResult struct {
 	PausedMs   int64 `json:"paused_ms"`
 	DurationMs int64 `json:"duration_ms"`
 }
+
+// PauseRequest is the optional body of POST /v1/sandboxes/{id}/pause.
+type PauseRequest struct {
+	// Memory is where a paused sandbox's memory stays: PauseMemoryKeep
+	// (the default: in RAM, resumed at once) or PauseMemoryDisk (a
+	// microVM's RAM and device state are saved to its node's disk and
+	// its VMM ends, holding no memory; resume restores it, processes and
+	// all, also after an edge restart).
+	Memory string `json:"memory,omitempty"`
+}
+
+// Values of PauseRequest.Memory.
+const (
+	PauseMemoryKeep = "ram"
+	PauseMemoryDisk = "disk"
+)

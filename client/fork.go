@@ -20,3 +20,14 @@ func (c *Client) Fork(ctx context.Context, id string, req *api.ForkRequest) (*ap
 	}
 	return &out, nil
 }
+
+// Hibernate pauses a microVM with its memory on its node's disk: its
+// VMM ends and holds no RAM; Resume restores it, processes and all.
+func (c *Client) Hibernate(ctx context.Context, id string) (*api.Sandbox, error) {
+	var sb api.Sandbox
+	req := &api.PauseRequest{Memory: api.PauseMemoryDisk}
+	if err := c.do(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(id)+"/pause", nil, req, &sb); err != nil {
+		return nil, err
+	}
+	return &sb, nil
+}

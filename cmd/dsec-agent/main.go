@@ -103,7 +103,7 @@ func runVM(log *slog.Logger, grace time.Duration) error {
 	}
 	return serve(log, l, agent.Config{
 		Root: "/", MaxFileBytes: cfg.MaxFileBytes, ShutdownGrace: grace, Version: version, Log: log,
-		Freezer: freezer,
+		Freezer: freezer, Identity: true,
 	})
 }
 

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/bench"
 	"github.com/dsec-project/dsec/internal/server"
 )
@@ -57,10 +58,21 @@ func benchCmd(ctx context.Context, args []string) error {
 		fs.IntVar(&cfg.DataMB, "data-mb", 200, "MiB the parent writes before the fork")
 		fs.StringVar(&cfg.StoreDir, "store-dir", "", "the server's local layer store (<data>/store), to measure its growth")
 		fs.IntVar(&cfg.ServerPID, "server-pid", 0, "pid of the server, to count what it writes to the node's disk")
+		backendName := fs.String("backend", "container", "container, or microvm: fork with memory, and hibernate")
+		memMB := fs.Int64("memory-mb", 512, "microvm: the guest's RAM")
+		fillMB := fs.Int64("fill-mb", 128, "microvm: MiB of the guest's RAM the parent fills before the fork")
 		if _, _, err := parseArgs(fs, args); err != nil {
 			return err
 		}
 		cfg.Client = newClient()
+		switch *backendName {
+		case api.BackendContainer:
+		case api.BackendMicroVM:
+			return bench.ForkVM(ctx, bench.ForkVMConfig{Client: cfg.Client, Base: cfg.Base, Copies: cfg.Copies,
+				MemoryMB: *memMB, FillMB: *fillMB, Out: os.Stdout})
+		default:
+			return fmt.Errorf("--backend %q: want container or microvm", *backendName)
+		}
 		return bench.Fork(ctx, cfg)
 	case "density":
 		cfg := bench.DensityConfig{Out: os.Stdout}

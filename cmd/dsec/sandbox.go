@@ -42,13 +42,21 @@ func sandboxCmd(ctx context.Context, args []string) error {
 			return c.DeleteSandbox(ctx, id)
 		})
 	case "reset", "pause", "resume":
+		var memory *string
+		if sub == "pause" {
+			memory = fs.String("memory", "ram", "ram, or disk: hibernate a microVM (its memory saved to the node's disk, its VMM ended)")
+		}
 		return withIDs(ctx, fs, newClient, args, -1, func(c *client.Client, id string) error {
 			var err error
 			switch sub {
 			case "reset":
 				_, err = c.Reset(ctx, id)
 			case "pause":
-				_, err = c.Pause(ctx, id)
+				if *memory == api.PauseMemoryDisk {
+					_, err = c.Hibernate(ctx, id)
+				} else {
+					_, err = c.Pause(ctx, id)
+				}
 			default:
 				_, err = c.Resume(ctx, id)
 			}

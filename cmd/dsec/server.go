@@ -215,6 +215,8 @@ func serverCmd(ctx context.Context, args []string) error {
 	profilesFile := fs.String("profiles", "", "JSON file of named policy profiles: {\"name\": {\"phase\": …, \"phases\": {…}}}")
 	storeLoc := fs.String("store", "", "layer store: a directory shared by the nodes, s3://ACCESS:SECRET@HOST:PORT/BUCKET[/PREFIX], or empty for <data>/store")
 	ckptKept := fs.Int("trajectory-checkpoints", server.DefaultCheckpointsKept, "checkpoints a trajectory keeps (older ones are collected)")
+	buildCacheTTL := fs.Duration("build-cache-ttl", server.DefaultBuildCacheTTL, "keep a Dockerfile step's cache layer that no layer stacks on this long after a build last used it")
+	forkGrace := fs.Duration("fork-layer-grace", server.DefaultForkLayerGrace, "keep a fork's layer at least this long after the fork, before collecting it once unused")
 	snapDepth := fs.Int("snapshot-max-depth", server.DefaultMaxSnapshotDepth, "snapshot layers that may stack before a snapshot flattens them")
 	db := fs.String("db", os.Getenv("DSEC_DB"), "control-plane database: empty for SQLite in the data dir, or a PostgreSQL URL "+
 		"(postgres://…) shared by every replica ($DSEC_DB)")
@@ -289,7 +291,7 @@ func serverCmd(ctx context.Context, args []string) error {
 		DefaultIdleTimeout: idle.Truncate(time.Second), TrajectoryRetention: *retention,
 		FnCall: fc, BatchParallel: *batchParallel, MaxSnapshotDepth: *snapDepth,
 		Scheduler: scheduler.New(sched), ClusterToken: *clusterToken, NodeTimeout: *nodeTimeout,
-		CheckpointsKept: *ckptKept, KeepLayerObjects: *db != "", Compat: compat.config(),
+		CheckpointsKept: *ckptKept, KeepLayerObjects: *db != "", BuildCacheTTL: *buildCacheTTL, ForkLayerGrace: *forkGrace, Compat: compat.config(),
 	})
 	if *localEdge {
 		nodeLayers, err := nf.nodeLayers(ctx, filepath.Join(dataDir, "edge"), *storeLoc, localStore, layers, log)

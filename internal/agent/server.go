@@ -41,6 +41,9 @@ type Config struct {
 	// Freezer, if set, serves POST /fs/freeze and /fs/thaw (a microVM's
 	// writable disk, for snapshots).
 	Freezer Freezer
+	// Identity serves POST /identity, which renames the machine (a
+	// microVM's guest, whose memory a fork copied).
+	Identity bool
 	// CommandFilter is the seccomp program every command runs under, on
 	// top of the agent's own (nil: the agent's alone).
 	CommandFilter []byte
@@ -171,6 +174,9 @@ func (s *Server) routes() http.Handler {
 	if s.cfg.Freezer != nil {
 		mux.HandleFunc("POST /fs/freeze", s.handleFreeze)
 		mux.HandleFunc("POST /fs/thaw", s.handleThaw)
+	}
+	if s.cfg.Identity {
+		mux.HandleFunc("POST /identity", s.handleIdentity)
 	}
 	mux.HandleFunc("POST /reset", s.handleReset)
 	mux.HandleFunc("POST /cgroup", s.handlePlaceCommands)

@@ -135,3 +135,22 @@ type Display interface {
 	// DialVNC connects to the screen's VNC (RFB) server.
 	DialVNC(ctx context.Context, id string) (net.Conn, error)
 }
+
+// Hibernator is implemented by backends that can pause a sandbox with its
+// memory on node disk (microvm): the sandbox's process ends and holds no
+// RAM; Resume restores it, its processes where they were. A hibernated
+// sandbox stays so across an edge restart.
+type Hibernator interface {
+	Hibernate(ctx context.Context, id string) error
+}
+
+// Forker is implemented by backends whose fork carries memory and
+// processes (microvm): Fork makes a sandbox for each id in copies, each
+// starting from the parent's memory, processes and writable disk at the
+// moment of the call, with an identity of its own (host name, machine
+// id, random seed). The parent goes on as it was (running or paused). It
+// is all or nothing: on error no copy is left. It returns the copies'
+// specs, in order.
+type Forker interface {
+	Fork(ctx context.Context, id string, copies []string) ([]Spec, error)
+}

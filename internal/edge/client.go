@@ -133,6 +133,15 @@ func (c *Client) Reset(ctx context.Context, id string) error  { return c.op(ctx,
 func (c *Client) Pause(ctx context.Context, id string) error  { return c.op(ctx, id, "pause") }
 func (c *Client) Resume(ctx context.Context, id string) error { return c.op(ctx, id, "resume") }
 
+// Hibernate pauses a sandbox with its memory on the node's disk.
+func (c *Client) Hibernate(ctx context.Context, id string) error { return c.op(ctx, id, "hibernate") }
+
+// Fork copies a sandbox with its memory and processes (see Edge.Fork).
+func (c *Client) Fork(ctx context.Context, id string, req ForkRequest) (ForkResult, error) {
+	var res ForkResult
+	return res, c.do(ctx, http.MethodPost, "/v1/sandboxes/"+id+"/fork", req, &res)
+}
+
 // SetPhase switches a sandbox to another policy phase.
 func (c *Client) SetPhase(ctx context.Context, id string, p PhaseRequest) error {
 	return c.do(ctx, http.MethodPut, "/v1/sandboxes/"+id+"/phase", p, nil)

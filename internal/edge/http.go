@@ -66,6 +66,19 @@ func (e *Edge) Handler(token string) http.Handler {
 		}
 		httpapi.WriteJSON(w, http.StatusCreated, res)
 	})
+	mux.HandleFunc("POST /v1/sandboxes/{id}/fork", func(w http.ResponseWriter, r *http.Request) {
+		var req ForkRequest
+		if err := httpapi.DecodeJSON(r, &req); err != nil {
+			httpapi.WriteError(w, r, err)
+			return
+		}
+		res, err := e.Fork(r.Context(), r.PathValue("id"), req)
+		if err != nil {
+			httpapi.WriteError(w, r, err)
+			return
+		}
+		httpapi.WriteJSON(w, http.StatusCreated, res)
+	})
 	mux.HandleFunc("POST /v1/sandboxes/{id}/{op}", func(w http.ResponseWriter, r *http.Request) {
 		id := r.PathValue("id")
 		var err error
@@ -76,6 +89,8 @@ func (e *Edge) Handler(token string) http.Handler {
 			err = e.Pause(r.Context(), id)
 		case "resume":
 			err = e.Resume(r.Context(), id)
+		case "hibernate":
+			err = e.Hibernate(r.Context(), id)
 		default:
 			err = errdefs.NotFound("operation %q", r.PathValue("op"))
 		}

@@ -140,6 +140,14 @@ func (b *builder) fsStep(ctx context.Context, ss *stageState, key string,
 	do func(sb store.Sandbox, n *node) error) (bool, error) {
 	name := buildCachePrefix + key[:40]
 	if l, err := b.s.store.GetLayer(ctx, b.tenant, name, "1"); err == nil {
+		if l.Tenant == b.tenant {
+			// A hit renews the cache layer: the collector keeps a step's
+			// layer for BuildCacheTTL after its last use.
+			l.CreatedAt = time.Now().UTC()
+			if err := b.s.store.PutLayer(ctx, l); err != nil {
+				return false, err
+			}
+		}
 		ss.stack, ss.key = append(append([]string(nil), l.Parents...), l.Digest), key
 		return true, nil
 	} else if !errors.Is(err, errdefs.ErrNotFound) {

@@ -22,8 +22,9 @@ import (
 // the copies are a batch created from that snapshot, so they share the
 // parent's layers and the fork layer's chunks: nothing is copied K times.
 // Only the filesystem is carried: a container's processes and memory are
-// not (that would need CRIU, which does not work on our kernels). VMs are
-// refused until their fork carries memory.
+// not (that would need CRIU, which does not work on our kernels). A
+// microVM's fork carries memory and processes too (see forkVM); full VMs
+// are refused until theirs does.
 //
 // A fork is all or nothing: if any copy fails, the others are destroyed
 // and the fork layer removed, and the error is the first copy's.
@@ -70,15 +71,19 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err := poolGuard(parent); err != nil {
 		return err
 	}
-	if b := parent.API.Backend; b != api.BackendContainer && b != api.BackendFnCall {
-		// A VM's fork must carry its memory; until it does, refuse rather
-		// than hand back copies that rebooted.
-		return fmt.Errorf("sandbox %s is a %s: fork takes containers (snapshot it and create from the snapshot): %w",
-			parent.API.ID, b, errdefs.ErrFailedPrecondition)
-	}
 	n, err := s.nodes.get(parent.API.Node)
 	if err != nil {
 		return err
+	}
+	switch b := parent.API.Backend; b {
+	case api.BackendContainer, api.BackendFnCall:
+	case api.BackendMicroVM:
+		return s.forkVM(w, r, req, parent, n)
+	default:
+		// A VM's fork must carry its memory; until a full VM's does,
+		// refuse rather than hand back copies that rebooted.
+		return fmt.Errorf("sandbox %s is a %s: fork takes containers and microVMs (snapshot it and create from the snapshot): %w",
+			parent.API.ID, b, errdefs.ErrFailedPrecondition)
 	}
 	tenant := parent.Tenant
 	start := time.Now()

@@ -52,6 +52,9 @@ func (s *Server) runGC(ctx context.Context, every time.Duration) {
 		if err := s.collectCheckpoints(ctx); err != nil && ctx.Err() == nil {
 			s.log.Warn("collect checkpoints", "err", err)
 		}
+		if _, err := s.collectLayers(ctx); err != nil && ctx.Err() == nil {
+			s.log.Warn("collect fork and build-cache layers", "err", err)
+		}
 	}
 }
 
@@ -125,4 +128,68 @@ func (s *Server) removeUnused(ctx context.Context, digests []string) (int, error
 	s.log.Info("removed unused snapshot layers", "layers", st.Layers, "chunks", st.Chunks, "bytes", st.Bytes,
 		"manifests_scanned", st.Scanned)
 	return st.Layers, nil
+}
+
+// Layers dsec makes for its own needs go once nothing uses them: a fork's
+// snapshot layer (fork/<parent>:<fork id>) when no copy of the fork runs
+// on it any more and no snapshot stacks on it, after ForkLayerGrace (a
+// fork in flight has packed its layer before its copies are recorded);
+// a Dockerfile step's cache layer (build-cache/<key>:1) when no layer
+// stacks on it (a build's result kept as layers does) and no build has
+// used it for BuildCacheTTL (a cache hit renews it).
+const (
+	DefaultForkLayerGrace = 10 * time.Minute
+	DefaultBuildCacheTTL  = 7 * 24 * time.Hour
+	collectLayersPerRound = 100
+)
+
+// collectLayers removes unused fork and build-cache layers: their records,
+// then the objects nothing else uses. It returns how many records went.
+func (s *Server) collectLayers(ctx context.Context) (int, error) {
+	ttl := s.cfg.BuildCacheTTL
+	if ttl <= 0 {
+		ttl = DefaultBuildCacheTTL
+	}
+	grace := s.cfg.ForkLayerGrace
+	if grace <= 0 {
+		grace = DefaultForkLayerGrace
+	}
+	now := time.Now()
+	total := 0
+	for _, c := range []struct {
+		prefix string
+		before time.Time
+	}{
+		{forkLayerPrefix, now.Add(-grace)},
+		{buildCachePrefix, now.Add(-ttl)},
+	} {
+		for {
+			list, err := s.store.UnusedLayers(ctx, c.prefix, c.before, collectLayersPerRound)
+			if err != nil {
+				return total, err
+			}
+			if len(list) == 0 {
+				break
+			}
+			var candidates []string
+			for _, l := range list {
+				if err := s.store.DeleteLayer(ctx, l.Tenant, l.Name, l.Tag, l.Digest); err != nil {
+					return total, err
+				}
+				candidates = append(candidates, l.Digest)
+				candidates = append(candidates, l.Parents...)
+			}
+			total += len(list)
+			s.layers.forget()
+			removed, err := s.removeUnused(ctx, candidates)
+			if err != nil {
+				return total, err
+			}
+			s.log.Info("collected unused layers", "prefix", c.prefix, "records", len(list), "layers_removed", removed)
+			if len(list) < collectLayersPerRound {
+				break
+			}
+		}
+	}
+	return total, nil
 }

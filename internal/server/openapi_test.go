@@ -177,7 +177,7 @@ func TestOpenAPISchemas(t *testing.T) {
 		"OutputEvent": api.OutputEvent{}, "PortURLRequest": api.PortURLRequest{}, "PortURL": api.PortURL{},
 		"FileInfo": api.FileInfo{}, "FileList": api.FileList{}, "FileWritten": api.FileWritten{},
 		"Layer": api.Layer{}, "SnapshotRequest": api.SnapshotRequest{}, "LayerList": api.LayerList{},
-		"ForkRequest": api.ForkRequest{}, "ForkResult": api.ForkResult{},
+		"ForkRequest": api.ForkRequest{}, "ForkResult": api.ForkResult{}, "PauseRequest": api.PauseRequest{},
 		"LayerConfig": api.LayerConfig{}, "BuildEvent": api.BuildEvent{}, "BuildStep": api.BuildStep{},
 		"BuildOutput": api.BuildOutput{}, "BuildResult": api.BuildResult{}, "BuildError": api.BuildError{},
 		"Tenant": api.Tenant{}, "Quota": api.Quota{}, "Usage": api.Usage{}, "TenantList": api.TenantList{},

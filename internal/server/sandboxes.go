@@ -364,8 +364,28 @@ func (s *Server) resetSandbox(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) error {
-	return s.lifecycle(w, r, []string{api.StateRunning}, api.StatePaused,
-		func(ctx context.Context, c *edge.Client, sb *store.Sandbox) error { return c.Pause(ctx, sb.API.ID) })
+	var req api.PauseRequest
+	if err := httpapi.DecodeJSON(r, &req); err != nil && !errors.Is(err, httpapi.ErrEmptyBody) {
+		return err
+	}
+	switch req.Memory {
+	case "", api.PauseMemoryKeep:
+		return s.lifecycle(w, r, []string{api.StateRunning}, api.StatePaused,
+			func(ctx context.Context, c *edge.Client, sb *store.Sandbox) error { return c.Pause(ctx, sb.API.ID) })
+	case api.PauseMemoryDisk:
+	default:
+		return errdefs.Invalid("memory %q: want %q (the default) or %q", req.Memory, api.PauseMemoryKeep, api.PauseMemoryDisk)
+	}
+	// Hibernate: the guest's memory goes to its node's disk and its VMM
+	// ends; resume restores it.
+	return s.lifecycle(w, r, []string{api.StateRunning, api.StatePaused}, api.StatePaused,
+		func(ctx context.Context, c *edge.Client, sb *store.Sandbox) error {
+			if sb.API.Backend != api.BackendMicroVM {
+				return errdefs.Invalid("sandbox %s is a %s: only microVMs pause with memory on disk (memory \"disk\"); pause it without",
+					sb.API.ID, sb.API.Backend)
+			}
+			return c.Hibernate(ctx, sb.API.ID)
+		})
 }
 
 func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) error {

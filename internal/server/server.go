@@ -76,6 +76,14 @@ type Config struct {
 	// for control planes with several replicas, whose layer writes a
 	// removal in this process cannot be serialised with.
 	KeepLayerObjects bool
+	// BuildCacheTTL is how long a Dockerfile step's cache layer that no
+	// layer stacks on is kept after a build last used it;
+	// DefaultBuildCacheTTL if zero. Fork layers go once their copies do.
+	BuildCacheTTL time.Duration
+	// ForkLayerGrace is how long a fork's layer is kept before it is
+	// collected once unused (a fork in flight has made its layer before
+	// its copies are recorded); DefaultForkLayerGrace if zero.
+	ForkLayerGrace time.Duration
 	// ReapInterval is how often expired sandboxes are looked for.
 	ReapInterval time.Duration
 	// BatchParallel bounds the sandboxes of one batch built at once on

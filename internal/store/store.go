@@ -68,6 +68,12 @@ type LayerStore interface {
 	// LayerInUse reports whether any layer record of any tenant has
 	// digest or stacks on it, or a sandbox not deleted runs on it.
 	LayerInUse(ctx context.Context, digest string) (bool, error)
+	// UnusedLayers lists, oldest first and at most limit, the layers of
+	// any tenant whose name starts with prefix, made before before, that
+	// nothing uses: no other record has their digest or stacks on it, and
+	// no sandbox not deleted runs on it (the layers dsec makes for its own
+	// needs, forks and build steps, once their users are gone).
+	UnusedLayers(ctx context.Context, prefix string, before time.Time, limit int) ([]Layer, error)
 }
 
 // SandboxStore holds the sandboxes' records. Placing and moving them,

@@ -106,10 +106,19 @@ type vm struct {
 	Machine Machine      `json:"machine"`
 	link    *link
 
-	// mu guards Process, which a reset replaces while State or Dial may
-	// read it.
+	// mu guards Process and Hibernated, which a reset or a resume
+	// replaces while State or Dial may read them.
 	mu      sync.Mutex
 	Process Process `json:"process"`
+	// Hibernated says the guest's memory is in memoryFile and no VMM
+	// runs (see Hibernate).
+	Hibernated bool `json:"hibernated,omitempty"`
+}
+
+func (v *vm) hibernated() bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.Hibernated
 }
 
 func (v *vm) proc() Process {
@@ -120,13 +129,16 @@ func (v *vm) proc() Process {
 
 // record is what vm.json holds.
 func (v *vm) record() vmRecord {
-	return vmRecord{Spec: v.Spec, Machine: v.Machine, Process: v.proc()}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return vmRecord{Spec: v.Spec, Machine: v.Machine, Process: v.Process, Hibernated: v.Hibernated}
 }
 
 type vmRecord struct {
-	Spec    backend.Spec `json:"spec"`
-	Machine Machine      `json:"machine"`
-	Process Process      `json:"process"`
+	Spec       backend.Spec `json:"spec"`
+	Machine    Machine      `json:"machine"`
+	Process    Process      `json:"process"`
+	Hibernated bool         `json:"hibernated,omitempty"`
 }
 
 var (
@@ -334,11 +346,7 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (err error) {
 // On error the VMM process is gone (the directory is the caller's).
 func (b *Backend) boot(ctx context.Context, v *vm, freshDisk bool) (err error) {
 	id, dir := v.Spec.ID, v.Machine.Dir
-	cfg := guestinit.Config{
-		ID: id, Layers: len(v.Spec.Layers), Blobs: blobIndexes(v.Spec), Env: v.Spec.Env,
-		Transport: v.Machine.Transport, VsockPort: agentVsockPort, MaxFileBytes: b.cfg.MaxFileBytes,
-	}
-	if err := guestinit.WriteConfigDrive(filepath.Join(dir, "config.img"), cfg); err != nil {
+	if err := b.writeConfigDrive(v); err != nil {
 		return fmt.Errorf("boot sandbox %s: %w", id, err)
 	}
 	if freshDisk && v.Machine.Type == TypeQ35 {
@@ -389,6 +397,15 @@ func (b *Backend) boot(ctx context.Context, v *vm, freshDisk bool) (err error) {
 		return fmt.Errorf("boot sandbox %s: %w", id, err)
 	}
 	return nil
+}
+
+// writeConfigDrive writes the guest's configuration drive.
+func (b *Backend) writeConfigDrive(v *vm) error {
+	cfg := guestinit.Config{
+		ID: v.Spec.ID, Layers: len(v.Spec.Layers), Blobs: blobIndexes(v.Spec), Env: v.Spec.Env,
+		Transport: v.Machine.Transport, VsockPort: agentVsockPort, MaxFileBytes: b.cfg.MaxFileBytes,
+	}
+	return guestinit.WriteConfigDrive(filepath.Join(v.Machine.Dir, "config.img"), cfg)
 }
 
 // waitAgent waits until the guest's agent answers on the link, failing
@@ -504,6 +521,12 @@ func (b *Backend) Reset(ctx context.Context, id string) error {
 	if err := b.cfg.VMM.Stop(ctx, &v.Machine, v.proc()); err != nil {
 		return fmt.Errorf("reset sandbox %s: %w", id, err)
 	}
+	if v.hibernated() {
+		v.mu.Lock()
+		v.Hibernated = false
+		v.mu.Unlock()
+		os.Remove(filepath.Join(v.Machine.Dir, memoryFile))
+	}
 	if err := b.removeCgroup(id); err != nil {
 		return fmt.Errorf("reset sandbox %s: %w", id, err)
 	}
@@ -521,6 +544,9 @@ func (b *Backend) Pause(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
+	if v.hibernated() {
+		return nil
+	}
 	v.link.paused.Store(true)
 	if err := b.cfg.VMM.Pause(ctx, &v.Machine, v.proc()); err != nil {
 		v.link.paused.Store(false)
@@ -534,6 +560,9 @@ func (b *Backend) Resume(ctx context.Context, id string) error {
 	v, err := b.get(id)
 	if err != nil {
 		return err
+	}
+	if v.hibernated() {
+		return b.wake(ctx, v)
 	}
 	if err := b.cfg.VMM.Resume(ctx, &v.Machine, v.proc()); err != nil {
 		return err
@@ -558,6 +587,9 @@ func (b *Backend) State(ctx context.Context, id string) (string, error) {
 	v, err := b.get(id)
 	if err != nil {
 		return "", err
+	}
+	if v.hibernated() {
+		return api.StatePaused, nil
 	}
 	st, err := b.cfg.VMM.Status(ctx, &v.Machine, v.proc())
 	if err != nil {

@@ -44,7 +44,16 @@ func (b *Backend) Recover(ctx context.Context) ([]backend.Spec, error) {
 			continue
 		}
 		v.link = newLink(&v.Machine, b.cfg.Link)
-		if !v.proc().Alive() {
+		dropForkLeftovers(v)
+		if v.Hibernated {
+			// Its memory is on disk: it stays so until a resume. A VMM
+			// still running (the edge died as it hibernated it) saved
+			// the state already.
+			b.cfg.VMM.Stop(ctx, &v.Machine, v.Process)
+			v.Process = Process{}
+			b.removeCgroup(id)
+			v.link.paused.Store(true)
+		} else if !v.proc().Alive() {
 			b.removeCgroup(id)
 			if v.Machine.Type == TypeQ35 {
 				if _, err := os.Stat(v.Machine.Kernel); err != nil {
@@ -108,7 +117,7 @@ func readVM(path string) (*vm, error) {
 	if r.Spec.ID == "" || r.Machine.Dir == "" {
 		return nil, errors.New("incomplete sandbox record")
 	}
-	return &vm{Spec: r.Spec, Machine: r.Machine, Process: r.Process}, nil
+	return &vm{Spec: r.Spec, Machine: r.Machine, Process: r.Process, Hibernated: r.Hibernated}, nil
 }
 
 // vmmFromPidFile finds the VMM process that wrote dir's pid file, if it
@@ -180,4 +189,17 @@ func cidFor(id string) uint32 {
 	h := fnv.New32a()
 	h.Write([]byte(id))
 	return 3 + h.Sum32()%(1<<31)
+}
+
+// dropForkLeftovers removes what a fork or a hibernation that the edge's
+// death interrupted left in a sandbox's directory.
+func dropForkLeftovers(v *vm) {
+	left, _ := filepath.Glob(filepath.Join(v.Machine.Dir, forkDirPrefix+"*"))
+	for _, d := range left {
+		os.RemoveAll(d)
+	}
+	os.Remove(filepath.Join(v.Machine.Dir, memoryFile+".tmp"))
+	if !v.Hibernated {
+		os.Remove(filepath.Join(v.Machine.Dir, memoryFile))
+	}
 }

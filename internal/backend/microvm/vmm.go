@@ -28,6 +28,13 @@ type VMM interface {
 	// Booted is called once the guest's agent answers: the VMM may stop
 	// recording boot output (QEMU moves the console to a bounded ring).
 	Booted(ctx context.Context, m *Machine, p Process) error
+	// SaveState stops the guest's vCPUs and writes its RAM and device
+	// state to path; the machine stays stopped (Resume continues it).
+	SaveState(ctx context.Context, m *Machine, p Process, path string) error
+	// Restore starts m from the state SaveState wrote at path and returns
+	// once the restored guest runs. m has the devices of the machine that
+	// saved it, in the same order (its disks may be copies).
+	Restore(ctx context.Context, m *Machine, path string) (Process, error)
 }
 
 // Status of a machine.

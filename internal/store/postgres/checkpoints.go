@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -104,4 +105,12 @@ func (s *Store) LayerInUse(ctx context.Context, digest string) (bool, error) {
 		return false, fmt.Errorf("layer in use: %w", err)
 	}
 	return inUse, nil
+}
+
+var layerUnused = rebind(sqlstore.LayerUnused("strpos", "s.doc::text"))
+
+// UnusedLayers implements store.Store.
+func (s *Store) UnusedLayers(ctx context.Context, prefix string, before time.Time, limit int) ([]store.Layer, error) {
+	rows, err := s.pool.Query(ctx, layerUnused, sqlstore.UnusedLayersArgs(prefix, before, limit)...)
+	return collect(rows, err, "unused layers", sqlstore.ScanLayer)
 }

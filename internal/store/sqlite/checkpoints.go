@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/dsec-project/dsec/internal/errdefs"
 	"github.com/dsec-project/dsec/internal/store"
@@ -118,4 +119,12 @@ func (s *Store) LayerInUse(ctx context.Context, digest string) (bool, error) {
 		return false, fmt.Errorf("layer in use: %w", err)
 	}
 	return n != 0, nil
+}
+
+var layerUnused = sqlstore.LayerUnused("instr", "s.doc")
+
+// UnusedLayers implements store.Store.
+func (s *Store) UnusedLayers(ctx context.Context, prefix string, before time.Time, limit int) ([]store.Layer, error) {
+	rows, err := s.r.QueryContext(ctx, layerUnused, sqlstore.UnusedLayersArgs(prefix, before, limit)...)
+	return collect(rows, err, "unused layers", sqlstore.ScanLayer)
 }

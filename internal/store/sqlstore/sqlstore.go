@@ -107,6 +107,24 @@ const (
 	LayerDelete = `DELETE FROM layers WHERE tenant = ? AND name = ? AND tag = ? AND digest = ?`
 )
 
+// LayerUnused is the query of UnusedLayers (arguments: UnusedLayersArgs).
+// instr is the dialect's substring position function, doc the sandbox
+// document as text.
+func LayerUnused(instr, doc string) string {
+	return `SELECT ` + LayerCols + ` FROM layers l
+	WHERE substr(l.name, 1, ?) = ? AND l.created_at < ?
+	AND NOT EXISTS (SELECT 1 FROM layers o WHERE o.digest = l.digest
+		AND NOT (o.tenant = l.tenant AND o.name = l.name AND o.tag = l.tag))
+	AND NOT EXISTS (SELECT 1 FROM layers o WHERE ` + instr + `(o.parents, l.digest) > 0)
+	AND NOT EXISTS (SELECT 1 FROM sandboxes s WHERE s.deleted_at IS NULL AND ` + instr + `(` + doc + `, l.digest) > 0)
+	ORDER BY l.created_at LIMIT ?`
+}
+
+// UnusedLayersArgs are LayerUnused's arguments.
+func UnusedLayersArgs(prefix string, before time.Time, limit int) []any {
+	return []any{len(prefix), prefix, Nanos(before), limit}
+}
+
 // LayerArgs are LayerPut's arguments for l.
 func LayerArgs(l store.Layer) []any {
 	return []any{l.Tenant, l.Name, l.Tag, l.Digest, l.Kind, l.Size, l.Public, Nanos(l.CreatedAt), strings.Join(l.Parents, " ")}

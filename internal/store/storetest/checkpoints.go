@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -225,5 +226,76 @@ func layersInUse(t *testing.T, s store.Store) {
 	}
 	if err := s.DeleteLayer(ctx, "a", "nope", "1", d(1)); err != nil {
 		t.Fatalf("deleting a missing layer: %v", err)
+	}
+}
+
+// unusedLayers checks UnusedLayers: layers of a prefix, older than the
+// cut-off, that no other record has or stacks on and no live sandbox
+// runs on, of any tenant.
+func unusedLayers(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	now := time.Now().UTC()
+	old := now.Add(-time.Hour)
+	d := func(i int) string { return fmt.Sprintf("sha256:%064d", 100+i) }
+	put := func(tenant, name, digest string, at time.Time, parents ...string) {
+		t.Helper()
+		if err := s.PutLayer(ctx, store.Layer{Tenant: tenant, Name: name, Tag: "1", Digest: digest,
+			Kind: api.KindSnapshot, CreatedAt: at, Parents: parents}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	unused := func(prefix string) []string {
+		t.Helper()
+		list, err := s.UnusedLayers(ctx, prefix, now.Add(-time.Minute), 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, l := range list {
+			out = append(out, l.Tenant+"/"+l.Name)
+		}
+		slices.Sort(out)
+		return out
+	}
+	put("a", "fork/sb-1:fk-1", d(1), old)                 // its copies are gone: unused
+	put("b", "fork/sb-2:fk-2", d(2), old)                 // a live copy runs on it
+	put("a", "fork/sb-3:fk-3", d(3), now)                 // too young (a fork being made)
+	put("a", "fork/sb-4:fk-4", d(4), old)                 // a snapshot stacks on it
+	put("a", "snap/of-copy", d(5), old, d(4))             //
+	put("a", "build-cache/k1", d(6), old)                 // the final layer stacks on it
+	put("a", "build-cache/k2", d(7), old, d(6))           // the last step, tagged by the user too
+	put("a", "app", d(7), old, d(6))                      //
+	put("a", "build-cache/k3", d(8), old.Add(-time.Hour)) // flattened away: unused
+	put("a", "mine", d(9), old)                           // not dsec's
+	sb := store.Sandbox{API: api.Sandbox{ID: "sb-unused", State: api.StateRunning, CreatedAt: now}, Tenant: "b",
+		LayerDigests: []string{d(0), d(2)}, LastActive: now}
+	if err := s.CreateSandbox(ctx, &sb); err != nil {
+		t.Fatal(err)
+	}
+	if got := unused("fork/"); !slices.Equal(got, []string{"a/fork/sb-1:fk-1"}) {
+		t.Fatalf("unused fork layers: %v", got)
+	}
+	if got := unused("build-cache/"); !slices.Equal(got, []string{"a/build-cache/k3"}) {
+		t.Fatalf("unused build cache layers: %v", got)
+	}
+	// Once its users are gone, a layer is unused.
+	sb.API.State, sb.DeletedAt = api.StateDeleted, &now
+	if err := s.UpdateSandbox(ctx, &sb); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteLayer(ctx, "a", "snap/of-copy", "1", d(5)); err != nil {
+		t.Fatal(err)
+	}
+	if got := unused("fork/"); !slices.Equal(got, []string{"a/fork/sb-1:fk-1", "a/fork/sb-4:fk-4", "b/fork/sb-2:fk-2"}) {
+		t.Fatalf("unused fork layers after their users went: %v", got)
+	}
+	if err := s.DeleteLayer(ctx, "a", "app", "1", d(7)); err != nil {
+		t.Fatal(err)
+	}
+	if got := unused("build-cache/"); !slices.Equal(got, []string{"a/build-cache/k2", "a/build-cache/k3"}) {
+		t.Fatalf("unused build cache layers after the app went: %v", got)
+	}
+	if list, err := s.UnusedLayers(ctx, "fork/", now, 1); err != nil || len(list) != 1 {
+		t.Fatalf("limit 1: %v %v", list, err)
 	}
 }

@@ -243,6 +243,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store, reopen func(t *testi
 	t.Run("trajectory steps", func(t *testing.T) { steps(t, open(t), reopen) })
 	t.Run("trajectory settings and checkpoints", func(t *testing.T) { checkpoints(t, open(t)) })
 	t.Run("layers: delete and in use", func(t *testing.T) { layersInUse(t, open(t)) })
+	t.Run("layers: unused fork and build-cache layers", func(t *testing.T) { unusedLayers(t, open(t)) })
 
 	t.Run("durable across reopen", func(t *testing.T) {
 		s := open(t)

@@ -245,6 +245,11 @@ def lifecycle(sid: str, op: str, timeout: float) -> Req:
     return jreq("POST", sb_path(sid, op), None, timeout=timeout, idempotent=op == "reset")
 
 
+def pause(sid: str, memory: str, timeout: float) -> Req:
+    # memory: "ram" (the default pause) or "disk" (hibernate a microVM).
+    return jreq("POST", sb_path(sid, "pause"), {"memory": memory}, timeout=timeout)
+
+
 def files(method: str, sid: str, path: str, timeout: float, **q: Any) -> Req:
     query = [("path", path)] + [(k, str(v)) for k, v in q.items() if v is not None]
     return jreq(method, sb_path(sid, "files"), None, query=query, timeout=timeout)

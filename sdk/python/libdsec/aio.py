@@ -339,7 +339,12 @@ class AsyncSandbox:
     async def reset(self) -> "AsyncSandbox":
         return await self._lifecycle("reset")
 
-    async def pause(self) -> "AsyncSandbox":
+    async def pause(self, memory: Optional[str] = None) -> "AsyncSandbox":
+        """See :meth:`libdsec.Sandbox.pause`."""
+        if memory:
+            d = await self.client._json(_ops.pause(self.id, memory, _ops.CREATE_TIMEOUT))
+            self.info = SandboxInfo.from_json(d)
+            return self
         return await self._lifecycle("pause")
 
     async def resume(self) -> "AsyncSandbox":

@@ -469,8 +469,13 @@ class Sandbox:
         """Back to the clean state of its layers, in place: every process killed."""
         return self._lifecycle("reset")
 
-    def pause(self) -> "Sandbox":
-        """Freezes every process."""
+    def pause(self, memory: Optional[str] = None) -> "Sandbox":
+        """Freezes every process. ``memory="disk"`` hibernates a microVM:
+        its memory goes to its node's disk and its VMM ends (no RAM held);
+        :meth:`resume` restores it with its processes."""
+        if memory:
+            self.info = SandboxInfo.from_json(self.client._json(_ops.pause(self.id, memory, _ops.CREATE_TIMEOUT)))
+            return self
         return self._lifecycle("pause")
 
     def resume(self) -> "Sandbox":
@@ -483,7 +488,9 @@ class Sandbox:
         """Makes ``count`` copies (1 to 256) of this sandbox's state now and
         returns them; this sandbox goes on (it is frozen only while its
         changes are copied). Each copy holds the filesystem as it was at the
-        call; a container's processes are not carried. ``trajectory`` forks
+        call; a container's processes are not carried, a microVM's memory and
+        processes are (each copy goes on from the fork, under its own host
+        name and machine id). ``trajectory`` forks
         that trajectory log along: each copy's ``trajectory`` attribute is
         its own trajectory id (``trajectory_ids`` names them), where the
         parent's steps replay. All or nothing."""

@@ -132,6 +132,9 @@ class LifecycleTest(unittest.TestCase):
             sb.exec("echo x > /tmp/x", check=True)
             sb.reset()
             self.assertNotEqual(sb.exec("cat /tmp/x").exit_code, 0)
+            with self.assertRaises(libdsec.InvalidArgumentError) as cm:
+                sb.pause(memory="disk")  # only microVMs hibernate
+            self.assertIn("microVM", cm.exception.message)
             self.assertEqual(sb.pause().state, "paused")
             with self.assertRaises(libdsec.FailedPreconditionError) as cm:
                 sb.exec("true")

@@ -161,6 +161,11 @@ func escape(s string) string { return strings.ReplaceAll(s, ",", ",,") }
 // up, so errors in the configuration come back here, and the daemon is
 // not our child: it lives on when the edge dies.
 func (v *VMM) Start(ctx context.Context, m *microvm.Machine) (microvm.Process, error) {
+	return v.start(ctx, m)
+}
+
+// start starts QEMU for m with extra arguments.
+func (v *VMM) start(ctx context.Context, m *microvm.Machine, extra ...string) (microvm.Process, error) {
 	qmpL, err := microvm.ListenUnix(filepath.Join(m.Dir, microvm.ControlSock))
 	if err != nil {
 		return microvm.Process{}, err
@@ -177,7 +182,7 @@ func (v *VMM) Start(ctx context.Context, m *microvm.Machine) (microvm.Process, e
 	}
 	pidFile := filepath.Join(m.Dir, microvm.PidFile)
 	os.Remove(pidFile)
-	cmd := exec.CommandContext(ctx, v.bin, v.args(m)...)
+	cmd := exec.CommandContext(ctx, v.bin, append(v.args(m), extra...)...)
 	cmd.ExtraFiles = files
 	if m.Type == microvm.TypeQ35 {
 		cmd.Dir = m.Dir // where its VNC socket goes, by a short relative name

@@ -5,7 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
+	"os"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/internal/backend/microvm"
 )
@@ -25,6 +29,13 @@ func qmp(ctx context.Context, sock, command string, args, out any) error {
 // qmpSession opens one QMP connection, negotiates capabilities and hands
 // f a function that runs commands on it, until f returns or ctx ends.
 func qmpSession(ctx context.Context, sock string, f func(run func(command string, args, out any) error) error) error {
+	return qmpSessionFD(ctx, sock, nil, f)
+}
+
+// qmpSessionFD is qmpSession whose first command after the greeting
+// carries fd (SCM_RIGHTS): "getfd", which names it for later commands of
+// the session.
+func qmpSessionFD(ctx context.Context, sock string, fd *os.File, f func(run func(command string, args, out any) error) error) error {
 	c, err := microvm.DialUnix(ctx, sock)
 	if err != nil {
 		return fmt.Errorf("qmp: %w", err)
@@ -46,12 +57,26 @@ func qmpSession(ctx context.Context, sock string, f func(run func(command string
 	if greeting.QMP == nil {
 		return fmt.Errorf("qmp: no greeting")
 	}
+	passFD := fd
 	run := func(name string, args, out any) error {
 		req := map[string]any{"execute": name}
 		if args != nil {
 			req["arguments"] = args
 		}
-		if err := enc.Encode(req); err != nil {
+		if passFD != nil && name == "getfd" {
+			uc, ok := c.(*net.UnixConn)
+			if !ok {
+				return fmt.Errorf("qmp %s: not a unix socket", name)
+			}
+			b, err := json.Marshal(req)
+			if err != nil {
+				return err
+			}
+			if _, _, err := uc.WriteMsgUnix(append(b, '\n'), unix.UnixRights(int(passFD.Fd())), nil); err != nil {
+				return fmt.Errorf("qmp %s: %w", name, err)
+			}
+			passFD = nil
+		} else if err := enc.Encode(req); err != nil {
 			return fmt.Errorf("qmp %s: %w", name, err)
 		}
 		for {
