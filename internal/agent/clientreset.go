@@ -27,7 +27,7 @@ var ErrNoReset = errors.New("agent cannot reset in place")
 // process and switched roots, and is re-executing: the next connection
 // reaches the new agent. conn is closed. id, if not nil, is the identity
 // the sandbox takes on (a blank sandbox of the pool becoming a tenant's).
-func ResetRoot(ctx context.Context, conn net.Conn, root int, id *Identity) (*ResetResult, error) {
+func ResetRoot(ctx context.Context, conn net.Conn, root int, id *ResetIdentity) (*ResetResult, error) {
 	defer conn.Close()
 	uc, ok := conn.(*net.UnixConn)
 	if !ok {

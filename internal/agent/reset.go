@@ -37,11 +37,11 @@ type Carried struct {
 	Filtered bool      `json:"filtered"`
 }
 
-// Identity is what a reset may give the sandbox besides a new root: its
+// ResetIdentity is what a reset may give the sandbox besides a new root: its
 // host name and the environment the agent, and so every command, runs
 // with. A blank sandbox of the node's pool takes on a tenant sandbox's
 // identity this way when it is claimed; a plain reset keeps its own.
-type Identity struct {
+type ResetIdentity struct {
 	Hostname string   `json:"hostname"`
 	Env      []string `json:"env"`
 }
@@ -85,9 +85,9 @@ func (s *Server) handleReset(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	root, log, t0 := fds[0], logger(r), time.Now()
-	var ident *Identity
+	var ident *ResetIdentity
 	if r.ContentLength != 0 {
-		ident = &Identity{}
+		ident = &ResetIdentity{}
 		if err := json.NewDecoder(io.LimitReader(r.Body, maxIdentityBytes)).Decode(ident); err != nil {
 			unix.Close(root)
 			s.writeError(w, r, errdefs.Invalid("reset: identity: %v", err))
@@ -170,7 +170,7 @@ func (s *Server) handleReset(w http.ResponseWriter, r *http.Request) {
 	select {} // the re-exec ends this process image
 }
 
-func (id *Identity) check() error {
+func (id *ResetIdentity) check() error {
 	if id.Hostname == "" || len(id.Hostname) > 64 {
 		return errdefs.Invalid("reset: identity: a host name of 1 to 64 bytes, got %q", id.Hostname)
 	}
@@ -182,7 +182,7 @@ func (id *Identity) check() error {
 	return nil
 }
 
-func (id *Identity) apply() error {
+func (id *ResetIdentity) apply() error {
 	if err := unix.Sethostname([]byte(id.Hostname)); err != nil {
 		return fmt.Errorf("set host name: %w", err)
 	}

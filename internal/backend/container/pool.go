@@ -390,7 +390,7 @@ func (b *Backend) claim(ctx context.Context, blank *record, spec backend.Spec) (
 		return err
 	}
 	t2 := time.Now()
-	if err := b.resetInPlace(ctx, rec, &agent.Identity{Hostname: id, Env: sandboxEnv(spec)}); err != nil {
+	if err := b.resetInPlace(ctx, rec, &agent.ResetIdentity{Hostname: id, Env: sandboxEnv(spec)}); err != nil {
 		return fmt.Errorf("claim: %w", err)
 	}
 	t3 := time.Now()

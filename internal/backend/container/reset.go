@@ -48,7 +48,7 @@ var errPaused = fmt.Errorf("sandbox is paused: %w", agent.ErrNoReset)
 // resetInPlace switches the sandbox's root onto a fresh overlay; ident,
 // if not nil, is the identity a blank sandbox of the pool takes on (see
 // claim).
-func (b *Backend) resetInPlace(ctx context.Context, rec *record, ident *agent.Identity) (err error) {
+func (b *Backend) resetInPlace(ctx context.Context, rec *record, ident *agent.ResetIdentity) (err error) {
 	id := rec.Spec.ID
 	dir := b.dir(id)
 	st, err := b.runc.readState(id)
