@@ -181,12 +181,19 @@ func Keep(ctx context.Context, dir string, worker []string, log *slog.Logger) er
 			log.Info("blobfs unmounted")
 			return nil
 		}
-		if time.Since(started) > 10*time.Second {
-			backoff = 10 * time.Millisecond
+		// A worker killed by a signal is started again at once; one that
+		// fails by itself soon after its start backs off (a crash loop).
+		delay := 10 * time.Millisecond
+		var exitErr *exec.ExitError
+		if errors.As(werr, &exitErr) && !exitErr.Sys().(syscall.WaitStatus).Signaled() {
+			if time.Since(started) > 10*time.Second {
+				backoff = 10 * time.Millisecond
+			}
+			delay = backoff
+			backoff = min(backoff*2, time.Second)
 		}
-		log.Warn("blobfs worker died; starting another on the same mount", "err", werr, "after", backoff)
-		time.Sleep(backoff)
-		backoff = min(backoff*2, time.Second)
+		log.Warn("blobfs worker died; starting another on the same mount", "err", werr, "after", delay)
+		time.Sleep(delay)
 	}
 }
 

@@ -124,7 +124,18 @@ func serveConn(fd int, f *FS, resume bool) (*conn, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			// The kernel copies a request into buf while the reader
+			// thread is in read(2). Were a page of buf absent, pinning it
+			// would fail once a SIGKILL is pending and the kernel would
+			// end that request with EIO instead of leaving it to be
+			// resent: keep buf resident.
 			buf := make([]byte, readBuf)
+			for i := range buf {
+				buf[i] = 1
+			}
+			if err := unix.Mlock(buf); err != nil {
+				f.log.Debug("mlock fuse buffer", "err", err)
+			}
 			for {
 				n, err := unix.Read(fd, buf)
 				switch {

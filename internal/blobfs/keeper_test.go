@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	mrand "math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -29,7 +30,22 @@ import (
 // with workerEnv set: DSEC_TEST_BLOBFS_WORKER=<dir>|<store>|<manifests>|<cache>.
 const workerEnv = "DSEC_TEST_BLOBFS_WORKER"
 
+// keeperEnv makes the test binary a keeper: a process of its own, as in
+// production. (A keeper that had blobfs files open itself would deadlock:
+// starting a worker closes its copies of them, and the FLUSH of that close
+// waits for the worker it is starting.)
+const keeperEnv = "DSEC_TEST_BLOBFS_KEEPER"
+
 func TestMain(m *testing.M) {
+	if os.Getenv(keeperEnv) != "" {
+		spec := strings.Split(os.Getenv(workerEnv), "|")
+		os.Unsetenv(keeperEnv) // its workers are workers
+		if err := blobfs.Keep(context.Background(), spec[0], []string{os.Args[0], "-test.run=^$"}, slog.Default()); err != nil {
+			fmt.Fprintln(os.Stderr, "test keeper:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	if spec := os.Getenv(workerEnv); spec != "" {
 		os.Exit(runTestWorker(spec))
 	}
@@ -65,8 +81,8 @@ func runTestWorker(spec string) int {
 		return fail(err)
 	}
 	err = blobfs.Work(context.Background(), p[0], fd, blobfs.Config{
-		ManifestDir: p[2], CacheDir: p[3], CacheMax: 64 << 10, Source: slowSource{st},
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		ManifestDir: p[2], CacheDir: p[3], CacheMax: 1 << 20, Source: slowSource{st},
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	})
 	if err != nil {
 		return fail(err)
@@ -84,11 +100,20 @@ func TestWorkerKilledUnderReads(t *testing.T) {
 	t.Setenv(workerEnv, strings.Join([]string{dir, fx.storeDir, fx.manifests, filepath.Join(dir, "cache")}, "|"))
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
 	defer cancel()
+	keeper := exec.Command(os.Args[0], "-test.run=^$")
+	keeper.Env = append(os.Environ(), keeperEnv+"=1")
+	keeper.Stderr = os.Stderr
+	if err := keeper.Start(); err != nil {
+		t.Fatal(err)
+	}
 	kept := make(chan error, 1)
-	go func() {
-		kept <- blobfs.Keep(context.Background(), dir, []string{os.Args[0], "-test.run=^$"}, slog.Default())
-	}()
-	t.Cleanup(func() { unix.Unmount(blobfs.MountDir(dir), unix.MNT_DETACH) })
+	go func() { kept <- keeper.Wait() }()
+	t.Cleanup(func() {
+		// Killing the keeper ends the worker and the connection.
+		keeper.Process.Kill()
+		<-kept
+		unix.Unmount(blobfs.MountDir(dir), unix.MNT_DETACH)
+	})
 	blob := filepath.Join(blobfs.MountDir(dir), strings.TrimPrefix(fx.digest, "sha256:"))
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		if _, err := os.Stat(blob); err == nil {
@@ -122,7 +147,7 @@ func TestWorkerKilledUnderReads(t *testing.T) {
 				default:
 				}
 				off := r.Int64N(size)
-				n := min(r.Int64N(256<<10)+1, size-off)
+				n := min(r.Int64N(64<<10)+1, size-off)
 				buf := make([]byte, n)
 				before := kills.Load()
 				if _, err := f.ReadAt(buf, off); err != nil && !errors.Is(err, io.EOF) {
@@ -186,8 +211,9 @@ func TestWorkerKilledUnderReads(t *testing.T) {
 	}
 	select {
 	case err := <-kept:
+		kept <- err // for the cleanup
 		if err != nil {
-			t.Fatalf("Keep: %v", err)
+			t.Fatalf("keeper: %v", err)
 		}
 	case <-ctx.Done():
 		t.Fatal("keeper did not end after the stop")
