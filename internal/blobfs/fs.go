@@ -122,6 +122,10 @@ func Mount(cfg Config) (*FS, error) {
 		f.cancel()
 		return nil, err
 	}
+	if err := pollHack(cfg.Mountpoint); err != nil {
+		f.Close()
+		return nil, err
+	}
 	return f, nil
 }
 
