@@ -110,6 +110,11 @@ func (n *nodeFlags) nodeLayers(ctx context.Context, dataDir, storeLoc, localStor
 	if err := n.layers.validate(); err != nil {
 		return nil, err
 	}
+	// Before anything reads the node's state: refuse one a newer dsec
+	// wrote (a downgrade), stamp an older one.
+	if err := edge.CheckStateVersion(dataDir); err != nil {
+		return nil, err
+	}
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err

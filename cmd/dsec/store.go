@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/dsec-project/dsec/internal/blob"
@@ -46,6 +47,7 @@ func blobfsCmd(ctx context.Context, args []string) error {
 	cache := fs.String("cache", "", "chunk cache directory")
 	cacheMax := fs.Int64("cache-max", 20<<30, "chunk cache cap in bytes")
 	nodeID := fs.String("node-id", "", "this node's name")
+	worker := fs.Bool("worker", false, "serve the FUSE fd inherited from the keeper (set by the keeper)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -53,6 +55,19 @@ func blobfsCmd(ctx context.Context, args []string) error {
 		return errors.New("usage: dsec blobfs --dir DIR --manifests DIR --cache DIR (store in $" + storeEnv + ")")
 	}
 	log := (&nodeFlags{}).logger()
+	if !*worker {
+		// The keeper: it holds the mount and runs the worker, again and
+		// again if it dies.
+		self, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		return blobfs.Keep(ctx, *dir, append([]string{self, "blobfs"}, append(args, "--worker")...), log)
+	}
+	fd, err := strconv.Atoi(os.Getenv(blobfs.FDEnv))
+	if err != nil {
+		return fmt.Errorf("blobfs worker: no FUSE fd in $%s", blobfs.FDEnv)
+	}
 	loc := os.Getenv(storeEnv)
 	bs, err := openBlobStore(ctx, loc, filepath.Join(*dir, "..", "..", "store"), *nodeID)
 	if err != nil {
@@ -62,7 +77,7 @@ func blobfsCmd(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	return blobfs.Serve(ctx, *dir, blobfs.Config{
+	return blobfs.Work(ctx, *dir, fd, blobfs.Config{
 		ManifestDir: *manifests, CacheDir: *cache, CacheMax: *cacheMax, Source: st, Logger: log,
 	})
 }

@@ -120,8 +120,9 @@ func (c *Cache) ReadAt(ctx context.Context, ch layer.Chunk, p []byte, off int64)
 		if err == nil {
 			return nil
 		}
-		// Evicted between ensure and open, or found corrupt: once more.
-		if attempt == 1 {
+		// Evicted between ensure and open (a cache far smaller than
+		// the reads in flight), or found corrupt: again, a few times.
+		if attempt == 4 {
 			return err
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -21,25 +22,37 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// blobfs runs as a process of its own (`dsec blobfs`), apart from the
+// blobfs runs as processes of its own (`dsec blobfs`), apart from the
 // edge: EROFS mounts of running sandboxes read through it, so it must
-// outlive an edge that is restarted or killed, as the sandboxes do. The
+// outlive an edge that is restarted or killed, as the sandboxes do. It is
+// two processes: a keeper, which mounts the file system, holds the
+// /dev/fuse fd and does nothing else, and a worker, its child, which serves
+// the fd it inherits. A worker that dies (kill -9, a crash) is started
+// again by the keeper; the new one asks the kernel to resend the requests
+// the dead one held (see fuse.go), so readers stall and never see EIO. The
 // edge finds it again through its directory:
 //
-//	<dir>/mnt          the FUSE mount
-//	<dir>/blobfs.sock  HTTP: GET /metrics, /v1/stats, /v1/touched/<hex>
-//	<dir>/blobfs.pid   its process id
-//	<dir>/blobfs.log   its log
+//	<dir>/mnt               the FUSE mount
+//	<dir>/blobfs.sock       the worker's HTTP: GET /metrics, /v1/stats, /v1/touched/<hex>, POST /v1/stop
+//	<dir>/blobfs.pid        the keeper's process id
+//	<dir>/blobfs.worker.pid the worker's process id
+//	<dir>/blobfs.log        their log
 const fuseSuperMagic = 0x65735546
 
-// Paths of a blobfs directory.
-func MountDir(dir string) string   { return filepath.Join(dir, "mnt") }
-func socketPath(dir string) string { return filepath.Join(dir, "blobfs.sock") }
-func pidPath(dir string) string    { return filepath.Join(dir, "blobfs.pid") }
+// FDEnv names the environment variable that tells a worker which of its
+// fds is the FUSE connection.
+const FDEnv = "DSEC_BLOBFS_FD"
 
-// Serve mounts a blobfs at MountDir(dir) and serves its control socket
-// until the file system is unmounted, or ctx ends and the mount is no
-// longer in use (a mount EROFS still reads through is left serving).
+// Paths of a blobfs directory.
+func MountDir(dir string) string      { return filepath.Join(dir, "mnt") }
+func socketPath(dir string) string    { return filepath.Join(dir, "blobfs.sock") }
+func pidPath(dir string) string       { return filepath.Join(dir, "blobfs.pid") }
+func WorkerPidPath(dir string) string { return filepath.Join(dir, "blobfs.worker.pid") }
+
+// Serve mounts a blobfs at MountDir(dir) served by this very process (no
+// keeper) and serves its control socket until the file system is
+// unmounted, or ctx ends and the mount is no longer in use (a mount EROFS
+// still reads through is left serving).
 func Serve(ctx context.Context, dir string, cfg Config) error {
 	cfg.Mountpoint = MountDir(dir)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -50,12 +63,43 @@ func Serve(ctx context.Context, dir string, cfg Config) error {
 	if err != nil {
 		return err
 	}
+	stop, err := serveControl(dir, f)
+	if err != nil {
+		f.Close()
+		return err
+	}
+	defer stop()
+	if err := os.WriteFile(pidPath(dir), []byte(strconv.Itoa(os.Getpid())), 0o600); err != nil {
+		f.Close()
+		return err
+	}
+	defer os.Remove(pidPath(dir))
+	for {
+		select {
+		case <-f.conn.done:
+			return nil
+		case <-ctx.Done():
+		}
+		if err := f.Close(); err == nil {
+			return nil
+		} else {
+			cfg.Logger.Warn("blobfs still in use; serving on", "err", err)
+		}
+		select {
+		case <-f.conn.done:
+			return nil
+		case <-time.After(30 * time.Second):
+		}
+	}
+}
+
+// serveControl serves the control socket of dir for f; stop ends it.
+func serveControl(dir string, f *FS) (stop func(), err error) {
 	sock := socketPath(dir)
 	os.Remove(sock)
 	l, err := net.Listen("unix", sock)
 	if err != nil {
-		f.Close()
-		return err
+		return nil, err
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/", f.Handler())
@@ -68,37 +112,112 @@ func Serve(ctx context.Context, dir string, cfg Config) error {
 	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go srv.Serve(l)
-	defer func() {
+	return func() {
 		// Let a stop request that ended the mount have its answer.
 		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		srv.Shutdown(sctx)
-	}()
+	}, nil
+}
+
+// Keep is the keeper: it mounts a blobfs at MountDir(dir), holds its
+// /dev/fuse fd and runs worker (a command that calls Work) with the fd
+// inherited as fd 3, starting it again whenever it dies, until the file
+// system is unmounted (a worker exits 0 only then). When ctx ends it
+// unmounts if nothing uses the mount and otherwise serves on.
+func Keep(ctx context.Context, dir string, worker []string, log *slog.Logger) error {
+	mp := MountDir(dir)
+	if err := os.MkdirAll(mp, 0o700); err != nil {
+		return err
+	}
+	cleanStale(mp)
+	fd, err := mountFUSE(mp)
+	if err != nil {
+		return err
+	}
+	fuseFile := os.NewFile(uintptr(fd), "/dev/fuse")
+	defer fuseFile.Close()
 	if err := os.WriteFile(pidPath(dir), []byte(strconv.Itoa(os.Getpid())), 0o600); err != nil {
-		f.Close()
+		unix.Unmount(mp, unix.MNT_DETACH)
 		return err
 	}
 	defer os.Remove(pidPath(dir))
-	unmounted := make(chan struct{})
-	go func() { f.Wait(); close(unmounted) }()
+	defer os.Remove(WorkerPidPath(dir))
+	// Workers die with the keeper (Pdeathsig): without the keeper's fd a
+	// worker's death would end the mount, so none may outlive it. The
+	// signal follows the thread that started the child: keep this one.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	backoff := 10 * time.Millisecond
 	for {
-		select {
-		case <-unmounted:
-			return nil
-		case <-ctx.Done():
+		cmd := exec.Command(worker[0], worker[1:]...)
+		cmd.Env = append(os.Environ(), FDEnv+"=3")
+		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+		cmd.ExtraFiles = []*os.File{fuseFile}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		started := time.Now()
+		if err := cmd.Start(); err != nil {
+			unix.Unmount(mp, unix.MNT_DETACH)
+			return fmt.Errorf("start blobfs worker: %w", err)
 		}
-		if err := f.Close(); err == nil {
-			<-unmounted
-			return nil
-		} else {
-			cfg.Logger.Warn("blobfs still in use; serving on", "err", err)
+		exited := make(chan error, 1)
+		go func() { exited <- cmd.Wait() }()
+		var werr error
+	wait:
+		for {
+			select {
+			case werr = <-exited:
+				break wait
+			case <-ctx.Done():
+				// Unmount if unused; the worker then sees the connection
+				// end and exits 0.
+				if err := unix.Unmount(mp, 0); err != nil {
+					log.Warn("blobfs still in use; serving on", "err", err)
+				}
+				ctx = context.Background()
+			}
 		}
-		select {
-		case <-unmounted:
+		if werr == nil {
+			log.Info("blobfs unmounted")
 			return nil
-		case <-time.After(30 * time.Second):
 		}
+		// A worker killed by a signal is started again at once; one that
+		// fails by itself soon after its start backs off (a crash loop).
+		delay := 10 * time.Millisecond
+		var exitErr *exec.ExitError
+		if errors.As(werr, &exitErr) && !exitErr.Sys().(syscall.WaitStatus).Signaled() {
+			if time.Since(started) > 10*time.Second {
+				backoff = 10 * time.Millisecond
+			}
+			delay = backoff
+			backoff = min(backoff*2, time.Second)
+		}
+		log.Warn("blobfs worker died; starting another on the same mount", "err", werr, "after", delay)
+		time.Sleep(delay)
 	}
+}
+
+// Work is a keeper's worker: it serves the FUSE connection fd of the
+// mount at MountDir(dir), taking it over from a worker that died, and the
+// control socket. It returns nil when the file system was unmounted.
+func Work(ctx context.Context, dir string, fd int, cfg Config) error {
+	cfg.Mountpoint = MountDir(dir)
+	f, err := newFS(cfg)
+	if err != nil {
+		return err
+	}
+	if err := f.serve(fd, true); err != nil {
+		return err
+	}
+	stop, err := serveControl(dir, f)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	if err := os.WriteFile(WorkerPidPath(dir), []byte(strconv.Itoa(os.Getpid())), 0o600); err != nil {
+		return err
+	}
+	return f.conn.wait(ctx)
 }
 
 // Handler serves the control API.

@@ -21,14 +21,11 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
-	"syscall"
 	"time"
 
-	"github.com/hanwen/go-fuse/v2/fs"
-	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/internal/layer"
 )
@@ -57,15 +54,18 @@ type FS struct {
 	cfg    Config
 	cache  *Cache
 	m      *metrics
-	server *fuse.Server
+	conn   *conn
+	fd     int
 	log    *slog.Logger
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // prefetches
 
 	mu sync.Mutex
-	// layers maps a digest's hex to the layer served under that name.
+	// layers maps a digest's hex to the layer served under that name;
+	// nodes maps the node ids given to the kernel to the hex.
 	layers map[string]*blobLayer
+	nodes  map[uint64]string
 }
 
 // blobLayer is one served blob.
@@ -81,8 +81,8 @@ type blobLayer struct {
 	order   []int
 }
 
-// Mount mounts a blobfs. Unmount it with Close.
-func Mount(cfg Config) (*FS, error) {
+// newFS opens the chunk cache of a blobfs not yet serving.
+func newFS(cfg Config) (*FS, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -94,35 +94,53 @@ func Mount(cfg Config) (*FS, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, d := range []string{cfg.Mountpoint, cfg.ManifestDir} {
-		if err := os.MkdirAll(d, 0o700); err != nil {
-			return nil, fmt.Errorf("mount blobfs: %w", err)
-		}
+	if err := os.MkdirAll(cfg.ManifestDir, 0o700); err != nil {
+		return nil, fmt.Errorf("blobfs: %w", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	f := &FS{cfg: cfg, cache: cache, m: m, log: cfg.Logger.With("component", "blobfs"),
-		ctx: ctx, cancel: cancel, layers: map[string]*blobLayer{}}
-	timeout := time.Hour // blobs never change
-	srv, err := fs.Mount(cfg.Mountpoint, &root{fs: f}, &fs.Options{
-		EntryTimeout: &timeout,
-		AttrTimeout:  &timeout,
-		MountOptions: fuse.MountOptions{
-			FsName:            "dsec-blobfs",
-			Name:              "blobfs",
-			DirectMountStrict: true,
-			DisableXAttrs:     true,
-			MaxWrite:          1 << 20, // the largest read too
-			MaxReadAhead:      128 << 10,
-			// EROFS over a passthrough FUSE file does not work.
-			DisabledCapabilities: fuse.CAP_PASSTHROUGH,
-		},
-	})
+	return &FS{cfg: cfg, cache: cache, m: m, log: cfg.Logger.With("component", "blobfs"), fd: -1,
+		ctx: ctx, cancel: cancel, layers: map[string]*blobLayer{}, nodes: map[uint64]string{}}, nil
+}
+
+// Mount mounts a blobfs served by this process. Unmount it with Close.
+func Mount(cfg Config) (*FS, error) {
+	f, err := newFS(cfg)
 	if err != nil {
-		cancel()
-		return nil, fmt.Errorf("mount blobfs on %s: %w", cfg.Mountpoint, err)
+		return nil, err
 	}
-	f.server = srv
+	if err := os.MkdirAll(cfg.Mountpoint, 0o700); err != nil {
+		return nil, fmt.Errorf("mount blobfs: %w", err)
+	}
+	fd, err := mountFUSE(cfg.Mountpoint)
+	if err != nil {
+		f.cancel()
+		return nil, err
+	}
+	if err := f.serve(fd, false); err != nil {
+		unix.Unmount(cfg.Mountpoint, unix.MNT_DETACH)
+		unix.Close(fd)
+		f.cancel()
+		return nil, err
+	}
+	if err := pollHack(cfg.Mountpoint); err != nil {
+		f.Close()
+		return nil, err
+	}
 	return f, nil
+}
+
+// serve serves the FUSE connection fd (resume: one a dead process served).
+func (f *FS) serve(fd int, resume bool) error {
+	c, err := serveConn(fd, f, resume)
+	if err != nil {
+		return err
+	}
+	f.fd, f.conn = fd, c
+	go func() {
+		<-c.done
+		unix.Close(fd)
+	}()
+	return nil
 }
 
 // Close stops prefetches and unmounts. EROFS mounts still using blobfs
@@ -134,7 +152,7 @@ func (f *FS) Close() error {
 	f.wg.Wait()
 	var err error
 	for delay := 10 * time.Millisecond; delay < 5*time.Second; delay *= 2 {
-		if err = f.server.Unmount(); err == nil {
+		if err = f.unmount(); err == nil {
 			return nil
 		}
 		time.Sleep(delay)
@@ -142,11 +160,25 @@ func (f *FS) Close() error {
 	return fmt.Errorf("unmount blobfs: %w", err)
 }
 
+// unmount unmounts the file system if nothing uses it and waits until
+// the connection has ended.
+func (f *FS) unmount() error {
+	if err := unix.Unmount(f.cfg.Mountpoint, 0); err != nil && !errors.Is(err, unix.EINVAL) {
+		return err
+	}
+	select {
+	case <-f.conn.done:
+	case <-time.After(5 * time.Second):
+		return errors.New("FUSE connection still open after the unmount")
+	}
+	return nil
+}
+
 // Unmount unmounts the file system if nothing uses it: one attempt,
 // without Close's retries, so that a mount in use goes on serving as it
 // was.
 func (f *FS) Unmount() error {
-	if err := f.server.Unmount(); err != nil {
+	if err := f.unmount(); err != nil {
 		return fmt.Errorf("unmount blobfs: %w", err)
 	}
 	f.cancel()
@@ -155,7 +187,7 @@ func (f *FS) Unmount() error {
 }
 
 // Wait blocks until the file system is unmounted.
-func (f *FS) Wait() { f.server.Wait() }
+func (f *FS) Wait() { <-f.conn.done }
 
 // Stats summarizes the counters.
 func (f *FS) Stats() Stats {
@@ -205,6 +237,7 @@ func (f *FS) layer(hex string) (*blobLayer, error) {
 	}
 	l := &blobLayer{hex: hex, blob: *m.Blob, offsets: m.Blob.Offsets(), touched: make([]bool, len(m.Blob.Chunks))}
 	f.layers[hex] = l
+	f.nodes[nodeID(hex)] = hex
 	f.startPrefetch(l)
 	return l, nil
 }
@@ -276,96 +309,4 @@ func (l *blobLayer) touch(i int) {
 		l.order = append(l.order, i)
 	}
 	l.mu.Unlock()
-}
-
-// root is the mount's root directory: one file per layer, found by name.
-type root struct {
-	fs.Inode
-	fs *FS
-}
-
-var (
-	_ fs.NodeLookuper  = (*root)(nil)
-	_ fs.NodeReaddirer = (*root)(nil)
-	_ fs.NodeGetattrer = (*root)(nil)
-)
-
-func (r *root) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	out.Mode = syscall.S_IFDIR | 0o555
-	return 0
-}
-
-func (r *root) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	l, err := r.fs.layer(name)
-	if err != nil {
-		if !errors.Is(err, os.ErrNotExist) {
-			r.fs.log.Warn("lookup", "name", name, "err", err)
-		}
-		return nil, syscall.ENOENT
-	}
-	f := &blobFile{fs: r.fs, l: l}
-	f.attr(&out.Attr)
-	return r.NewInode(ctx, f, fs.StableAttr{Mode: syscall.S_IFREG}), 0
-}
-
-// Readdir lists the layers served so far and those with a manifest in
-// place.
-func (r *root) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
-	ents, err := os.ReadDir(r.fs.cfg.ManifestDir)
-	if err != nil {
-		return nil, syscall.EIO
-	}
-	var out []fuse.DirEntry
-	for _, e := range ents {
-		if h, ok := strings.CutSuffix(e.Name(), ".json"); ok {
-			if _, err := layer.ParseDigest("sha256:" + h); err == nil {
-				out = append(out, fuse.DirEntry{Name: h, Mode: syscall.S_IFREG})
-			}
-		}
-	}
-	return fs.NewListDirStream(out), 0
-}
-
-// blobFile is one layer's blob.
-type blobFile struct {
-	fs.Inode
-	fs *FS
-	l  *blobLayer
-}
-
-var (
-	_ fs.NodeGetattrer = (*blobFile)(nil)
-	_ fs.NodeOpener    = (*blobFile)(nil)
-	_ fs.NodeReader    = (*blobFile)(nil)
-)
-
-func (f *blobFile) attr(a *fuse.Attr) {
-	a.Mode = syscall.S_IFREG | 0o444
-	a.Size = uint64(f.l.blob.Size)
-	a.Blocks = (a.Size + 511) / 512
-	a.Blksize = 4096
-	a.Nlink = 1
-}
-
-func (f *blobFile) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	f.attr(&out.Attr)
-	return 0
-}
-
-func (f *blobFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
-	if flags&(syscall.O_WRONLY|syscall.O_RDWR|syscall.O_TRUNC|syscall.O_APPEND) != 0 {
-		return nil, 0, syscall.EROFS
-	}
-	// No page cache for blobfs files: EROFS caches what it reads itself.
-	return nil, fuse.FOPEN_DIRECT_IO, 0
-}
-
-func (f *blobFile) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
-	n, err := f.fs.read(ctx, f.l, dest, off)
-	if err != nil {
-		f.fs.m.readErrors.Inc()
-		f.fs.log.Warn("read failed", "layer", f.l.hex, "off", off, "len", len(dest), "err", err)
-		return nil, syscall.EIO
-	}
-	return fuse.ReadResultData(dest[:n]), 0
 }

@@ -39,15 +39,17 @@ func (c *countingSource) ReadChunk(ctx context.Context, ch layer.Chunk) ([]byte,
 }
 
 type fixture struct {
-	store    *layer.Store
-	src      *countingSource
-	digest   string
-	manifest *layer.Manifest
-	blob     []byte // the whole blob, fetched directly
-	meta     string // the metadata image on disk
-	tree     string // the layer's source directory
-	fs       *blobfs.FS
-	mnt      string
+	store     *layer.Store
+	src       *countingSource
+	digest    string
+	manifest  *layer.Manifest
+	blob      []byte // the whole blob, fetched directly
+	meta      string // the metadata image on disk
+	tree      string // the layer's source directory
+	fs        *blobfs.FS
+	mnt       string
+	storeDir  string // the local blob store
+	manifests string
 }
 
 // newFixture builds a layer of a few files (one spanning many chunks) and
@@ -56,7 +58,8 @@ func newFixture(t *testing.T, cacheMax int64) *fixture {
 	t.Helper()
 	testutil.Require(t, testutil.Root, testutil.Tool("mkfs.erofs"), testutil.File("/dev/fuse"), testutil.Filesystem("fuse"))
 	ctx := context.Background()
-	bs, err := local.Open(t.TempDir())
+	storeDir := t.TempDir()
+	bs, err := local.Open(storeDir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +91,7 @@ func newFixture(t *testing.T, cacheMax int64) *fixture {
 		t.Fatal(err)
 	}
 	work := t.TempDir()
-	fx := &fixture{store: st, digest: d.Digest, manifest: m, tree: tree, meta: filepath.Join(work, "meta.erofs")}
+	fx := &fixture{store: st, digest: d.Digest, manifest: m, tree: tree, meta: filepath.Join(work, "meta.erofs"), storeDir: storeDir}
 	if _, err := st.FetchPart(ctx, &m.Meta, fx.meta); err != nil {
 		t.Fatal(err)
 	}
@@ -100,6 +103,7 @@ func newFixture(t *testing.T, cacheMax int64) *fixture {
 		t.Fatal(err)
 	}
 	manifests := filepath.Join(work, "manifests")
+	fx.manifests = manifests
 	os.MkdirAll(manifests, 0o700)
 	hex := strings.TrimPrefix(d.Digest, "sha256:")
 	if err := os.WriteFile(filepath.Join(manifests, hex+".json"), raw, 0o600); err != nil {

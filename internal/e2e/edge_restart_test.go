@@ -27,6 +27,7 @@ type edgeProc struct {
 	cmd    *exec.Cmd
 	done   chan struct{}
 	Client *edge.Client
+	bin    string // the dsec binary; bin/dsec when empty
 }
 
 var edgeReadyRE = regexp.MustCompile(`msg="dsec edge ready" addr=(\S+)`)
@@ -46,7 +47,11 @@ func startEdge(t *testing.T, store string) *edgeProc {
 func (e *edgeProc) start() {
 	t := e.t
 	t.Helper()
-	cmd := exec.Command(filepath.Join(testutil.Binaries(t), "dsec"), e.args...)
+	bin := e.bin
+	if bin == "" {
+		bin = filepath.Join(testutil.Binaries(t), "dsec")
+	}
+	cmd := exec.Command(bin, e.args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
