@@ -32,7 +32,7 @@ GUEST_KERNEL_PKG ?= linux-image-cloud-amd64
 GUEST_KERNEL     := bin/guest-kernel
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: all build run test test-unit lint deps tools check-go clean debian-base sandboxfusion-base guest-kernel vm-image
+.PHONY: all build run test test-unit lint deps tools check-go clean debian-base sandboxfusion-base guest-kernel vm-image ui-vendor
 
 all: build
 
@@ -105,6 +105,20 @@ lint: check-go
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt -l: these files need gofmt -w:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	bin/staticcheck ./...
+
+# ui-vendor rebuilds the dashboard's third-party files (xterm.js and its
+# fit addon) from npm at the versions web/ui-vendor/package-lock.json pins
+# and copies them into internal/ui/assets/vendor, which is committed (the
+# binary embeds it), so neither the build nor the tests need npm.
+UI_VENDOR := internal/ui/assets/vendor
+ui-vendor:
+	cd web/ui-vendor && npm ci --no-audit --no-fund
+	rm -rf $(UI_VENDOR) && mkdir -p $(UI_VENDOR)
+	cp web/ui-vendor/node_modules/@xterm/xterm/lib/xterm.js web/ui-vendor/node_modules/@xterm/xterm/css/xterm.css $(UI_VENDOR)/
+	cp web/ui-vendor/node_modules/@xterm/xterm/LICENSE $(UI_VENDOR)/LICENSE.xterm
+	cp web/ui-vendor/node_modules/@xterm/addon-fit/lib/addon-fit.js $(UI_VENDOR)/
+	cp web/ui-vendor/node_modules/@xterm/addon-fit/LICENSE $(UI_VENDOR)/LICENSE.addon-fit
+	sed -i '/^\/\/# sourceMappingURL=/d' $(UI_VENDOR)/*.js
 
 # debian-base talks to the server `make run` started (same DATA and LISTEN).
 DEBIAN_INCLUDE ?= python3,python3-pip,git

@@ -163,6 +163,24 @@ type SandboxList struct {
 	NextPageToken string    `json:"next_page_token,omitempty"`
 }
 
+// SandboxCounts is the body of GET /v1/sandboxes:count: how many sandbox
+// records (deleted ones until they are purged, a day later) the tenant
+// has, or with all_tenants=1 (admin) every tenant, by state and backend.
+type SandboxCounts struct {
+	Total     int64            `json:"total"`
+	ByState   map[string]int64 `json:"by_state"`
+	ByBackend map[string]int64 `json:"by_backend"`
+	// Groups are the counts by state and backend together.
+	Groups []SandboxCountGroup `json:"groups"`
+}
+
+// SandboxCountGroup is the number of sandboxes in one state of one backend.
+type SandboxCountGroup struct {
+	State   string `json:"state"`
+	Backend string `json:"backend"`
+	Count   int64  `json:"count"`
+}
+
 // Trajectory keys an exec into the trajectory log: step Step of the
 // tenant's trajectory ID.
 type Trajectory struct {
@@ -192,6 +210,10 @@ type TrajectoryStep struct {
 	ExitCode    *int       `json:"exit_code,omitempty"`
 	StartedAt   time.Time  `json:"started_at"`
 	RecordedAt  *time.Time `json:"recorded_at,omitempty"`
+	// Replays is how many times the done step was replayed (answered from
+	// the log, not run again) since it ran; ReplayedAt the last time.
+	Replays    int64      `json:"replays"`
+	ReplayedAt *time.Time `json:"replayed_at,omitempty"`
 }
 
 // TrajectoryLog is the body of GET /v1/trajectories/{id}.

@@ -281,6 +281,13 @@ func (s *Store) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]sto
 	return out, next, nil
 }
 
+// CountSandboxes implements store.Store.
+func (s *Store) CountSandboxes(ctx context.Context, tenant string) ([]store.SandboxCount, error) {
+	q, args := sqlstore.CountQuery(tenant)
+	rows, err := s.pool.Query(ctx, rebind(q), args...)
+	return collect(rows, err, "count sandboxes", sqlstore.ScanCount)
+}
+
 // PurgeSandboxes implements store.Store.
 func (s *Store) PurgeSandboxes(ctx context.Context, deletedBefore time.Time) (int, error) {
 	tag, err := s.pool.Exec(ctx, sandboxPurge, sqlstore.Nanos(deletedBefore))

@@ -275,6 +275,13 @@ func (s *Store) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]sto
 	return out, next, nil
 }
 
+// CountSandboxes implements store.Store.
+func (s *Store) CountSandboxes(ctx context.Context, tenant string) ([]store.SandboxCount, error) {
+	q, args := sqlstore.CountQuery(tenant)
+	rows, err := s.r.QueryContext(ctx, q, args...)
+	return collect(rows, err, "count sandboxes", sqlstore.ScanCount)
+}
+
 // PurgeSandboxes implements store.Store.
 func (s *Store) PurgeSandboxes(ctx context.Context, deletedBefore time.Time) (int, error) {
 	res, err := s.w.ExecContext(ctx, sqlstore.SandboxPurge, sqlstore.Nanos(deletedBefore))
