@@ -318,6 +318,56 @@ type Layer struct {
 	// Parents are the layers a snapshot goes on top of, base first, as
 	// digests; a sandbox created from the snapshot stacks them under it.
 	Parents []string `json:"parents,omitempty"`
+	// Usage is set by GET /v1/layers/{ref}?usage=1.
+	Usage *LayerUsage `json:"usage,omitempty"`
+}
+
+// LayerUsage is what a layer costs and who uses it (GET
+// /v1/layers/{ref}?usage=1), as far as the caller's tenant sees: other
+// tenants' private layers and sandboxes are not counted.
+type LayerUsage struct {
+	// Chunks is the number of distinct chunks of the layer's files, and
+	// DedupBytes their uncompressed size: what it holds after dedup
+	// within itself.
+	Chunks     int   `json:"chunks"`
+	DedupBytes int64 `json:"dedup_bytes"`
+	// StoredBytes is what those chunks take in the layer store
+	// (compressed); left out for a layer of very many chunks.
+	StoredBytes *int64 `json:"stored_bytes,omitempty"`
+	// SharedChunks of them (SharedBytes uncompressed) are also chunks of
+	// other layers: removing this layer would not free them.
+	SharedChunks int          `json:"shared_chunks"`
+	SharedBytes  int64        `json:"shared_bytes"`
+	SharedWith   []LayerShare `json:"shared_with"`
+	// Sandboxes are the tenant's live sandboxes running on the layer.
+	Sandboxes []string     `json:"sandboxes"`
+	Lineage   LayerLineage `json:"lineage"`
+	// Truncated says a bound cut a list or the layers compared short.
+	Truncated bool `json:"truncated,omitempty"`
+}
+
+// LayerShare is another layer holding some of a layer's chunks.
+type LayerShare struct {
+	Ref    string `json:"ref"`
+	Digest string `json:"digest"`
+	Chunks int    `json:"chunks"`
+	Bytes  int64  `json:"bytes"`
+}
+
+// LayerLineage is a layer's place among snapshots: the layers it stacks
+// on (base first) and the snapshot layers stacked on it, as a tree.
+type LayerLineage struct {
+	Ancestors   []LayerNode `json:"ancestors,omitempty"`
+	Descendants []LayerNode `json:"descendants,omitempty"`
+}
+
+// LayerNode is one layer of a lineage; Ref is empty for a layer the
+// tenant has no record of.
+type LayerNode struct {
+	Digest   string      `json:"digest"`
+	Ref      string      `json:"ref,omitempty"`
+	Kind     string      `json:"kind,omitempty"`
+	Children []LayerNode `json:"children,omitempty"`
 }
 
 // SnapshotRequest is the body of POST /v1/sandboxes/{id}/snapshot; every

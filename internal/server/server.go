@@ -130,6 +130,8 @@ type Server struct {
 	// layerMu is held shared by layer writes and exclusively by the
 	// removal of layers (see layergc.go).
 	layerMu sync.RWMutex
+	// chunks caches layers' chunk sets for usage reports.
+	chunks chunkSets
 	gcKick  chan struct{}
 
 	// admission holds creates waiting for busy nodes (admission.go).

@@ -257,8 +257,12 @@ type SandboxFilter struct {
 	AllTenants bool
 	Node       string
 	Backend    string
-	States     []string
-	Labels     map[string]string
+	// Layer selects sandboxes that run on the layer with this digest
+	// (stacked anywhere in them). It reads each candidate's record: keep
+	// it to one tenant.
+	Layer  string
+	States []string
+	Labels map[string]string
 	// ExpiredBy selects sandboxes whose expiry is at or before it.
 	ExpiredBy *time.Time
 	// IdleBy selects sandboxes with an idle timeout whose last activity

@@ -263,6 +263,7 @@ var dialect = sqlstore.Dialect{
 	Label: func(k, v string) (string, []any) {
 		return "doc->'API'->'labels'->>? = ?", []any{k, v}
 	},
+	DocHas: func(s string) (string, []any) { return "strpos(doc::text, ?) > 0", []any{s} },
 }
 
 // ListSandboxes implements store.Store. Pages are in id order; the page

@@ -257,6 +257,7 @@ var dialect = sqlstore.Dialect{
 	Label: func(k, v string) (string, []any) {
 		return `json_extract(doc, '$.API.labels."` + k + `"') = ?`, []any{v}
 	},
+	DocHas: func(s string) (string, []any) { return "instr(doc, ?) > 0", []any{s} },
 }
 
 // ListSandboxes implements store.Store. Pages are in id order; the page

@@ -250,6 +250,10 @@ func ListQuery(f store.SandboxFilter, d Dialect) (string, []any, error) {
 	if f.Backend != "" {
 		add("backend = ?", f.Backend)
 	}
+	if f.Layer != "" {
+		cond, a := d.DocHas(f.Layer)
+		add(cond, a...)
+	}
 	if len(f.States) > 0 {
 		cond, a := d.StateIn(f.States)
 		add(cond, a...)

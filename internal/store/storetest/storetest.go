@@ -187,6 +187,13 @@ func Run(t *testing.T, open func(t *testing.T) store.Store, reopen func(t *testi
 		if err != nil || len(vms) != 4 {
 			t.Fatalf("backend filter: %d, %v", len(vms), err)
 		}
+		onLayer, _, err := s.ListSandboxes(ctx, store.SandboxFilter{Tenant: "a", Layer: "sha256:aa", States: []string{api.StateRunning}})
+		if err != nil || len(onLayer) != 12 {
+			t.Fatalf("layer filter: %d, %v", len(onLayer), err)
+		}
+		if none, _, err := s.ListSandboxes(ctx, store.SandboxFilter{Tenant: "a", Layer: "sha256:bb"}); err != nil || len(none) != 0 {
+			t.Fatalf("layer filter, a layer nobody runs: %d, %v", len(none), err)
+		}
 		count := func(tenant string) map[string]int64 {
 			t.Helper()
 			list, err := s.CountSandboxes(ctx, tenant)
