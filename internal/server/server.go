@@ -132,7 +132,7 @@ type Server struct {
 	layerMu sync.RWMutex
 	// chunks caches layers' chunk sets for usage reports.
 	chunks chunkSets
-	gcKick  chan struct{}
+	gcKick chan struct{}
 
 	// admission holds creates waiting for busy nodes (admission.go).
 	admission *admission.Queue
