@@ -84,8 +84,8 @@ type clusterEnv struct {
 	client *client.Client
 	// adminKey is for the admin routes the dashboard's overview calls.
 	adminKey string
-	sim    *sim.Cluster
-	stop   func()
+	sim      *sim.Cluster
+	stop     func()
 }
 
 func openBenchStore(ctx context.Context, cfg ClusterConfig, kind, dir string) (store.Store, func(), func() time.Duration, error) {
