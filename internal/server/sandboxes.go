@@ -299,10 +299,17 @@ func (s *Server) countSandboxes(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	out := api.SandboxCounts{ByState: map[string]int64{}, ByBackend: map[string]int64{}, Groups: []api.SandboxCountGroup{}}
+	group := map[[2]string]int{}
 	for _, c := range list {
 		out.Total += c.Count
 		out.ByState[c.State] += c.Count
 		out.ByBackend[c.Backend] += c.Count
+		k := [2]string{c.State, c.Backend}
+		if i, ok := group[k]; ok {
+			out.Groups[i].Count += c.Count
+			continue
+		}
+		group[k] = len(out.Groups)
 		out.Groups = append(out.Groups, api.SandboxCountGroup{State: c.State, Backend: c.Backend, Count: c.Count})
 	}
 	httpapi.WriteJSON(w, http.StatusOK, out)

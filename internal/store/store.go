@@ -91,6 +91,7 @@ type SandboxStore interface {
 	ListSandboxes(ctx context.Context, f SandboxFilter) ([]Sandbox, string, error)
 	// CountSandboxes counts the records of a tenant's sandboxes (of every
 	// tenant's for tenant ""), by state and backend, without reading them.
+	// A state and backend may come more than once: add them up.
 	CountSandboxes(ctx context.Context, tenant string) ([]SandboxCount, error)
 	// PurgeSandboxes removes records of sandboxes deleted before t.
 	PurgeSandboxes(ctx context.Context, deletedBefore time.Time) (int, error)
