@@ -337,6 +337,7 @@ func TestDashboard(t *testing.T) {
 	b.signOut()
 	b.signIn(tkey.Secret)
 	b.waitJS("overview", "document.querySelector('[data-test=count-running]')")
+	b.waitText("#updated", "refreshes every 10 s")
 	if b.is("document.querySelector('#nodes')") {
 		t.Error("a tenant key sees the nodes")
 	}

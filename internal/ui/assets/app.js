@@ -118,7 +118,8 @@ function chart(title, samples, field) {
 const OVERVIEW_REFRESH_MS = 10000;
 
 async function overview() {
-  const every = Math.max(1, Number(route().params.get("every")) || 0) * 1000 || OVERVIEW_REFRESH_MS;
+  const n = Number(route().params.get("every"));
+  const every = n >= 1 ? n * 1000 : OVERVIEW_REFRESH_MS;
   const started = performance.now();
   const out = [h("h1", {}, "Overview")];
   if (session.admin) {
