@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"archive/tar"
+	"bytes"
 	"context"
 	"fmt"
 	"net/http"
@@ -159,7 +161,7 @@ func (b *browser) signOut() {
 // TestDashboard drives the dashboard in a real headless Chromium against a
 // real server with sandboxes on it.
 func TestDashboard(t *testing.T) {
-	testutil.Require(t, testutil.Tool("chromium"))
+	testutil.Require(t, testutil.Tool("chromium"), testutil.File("/bin/busybox"))
 	srv := startServer(t)
 	ctx := ctxT(t)
 	admin := srv.Client
@@ -212,6 +214,31 @@ func TestDashboard(t *testing.T) {
 	snap, err := admin.Snapshot(ctx, sb.ID, "ui/snap:v1")
 	if err != nil {
 		t.Fatal(err)
+	}
+	// A toolkit layer holding the same busybox as base:minimal: the two
+	// share chunks in the layer store.
+	bb, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tb bytes.Buffer
+	tw := tar.NewWriter(&tb)
+	if err := tw.WriteHeader(&tar.Header{Name: "tools/busybox", Mode: 0o755, Size: int64(len(bb)), Typeflag: tar.TypeReg}); err != nil {
+		t.Fatal(err)
+	}
+	tw.Write(bb)
+	tw.Close()
+	if _, err := admin.CreateLayer(ctx, api.KindToolkit, "ui/tools:v1", &tb, false); err != nil {
+		t.Fatal(err)
+	}
+	usage, err := admin.LayerUsage(ctx, "base:minimal")
+	if err != nil || usage.Usage == nil {
+		t.Fatalf("base:minimal's usage: %+v, %v", usage, err)
+	}
+	if u := usage.Usage; u.Chunks == 0 || u.DedupBytes == 0 || u.SharedChunks == 0 || len(u.SharedWith) == 0 ||
+		u.SharedWith[0].Ref != "ui/tools:v1" || len(u.Sandboxes) != 1 || u.Sandboxes[0] != sb.ID ||
+		len(u.Lineage.Descendants) != 1 || u.Lineage.Descendants[0].Ref != snap.Ref || u.StoredBytes == nil {
+		t.Fatalf("base:minimal's usage: %+v", u)
 	}
 	signedURLs(t, srv.URL, admin, other, sb.ID, sbOther.ID)
 
@@ -323,6 +350,7 @@ func TestDashboard(t *testing.T) {
 	b.waitText("#layer-usage", "bytes after dedup")
 	b.waitText("#layer-sandboxes", sb.ID)
 	b.waitText("#lineage", snap.Ref)
+	b.waitText("#layer-shares", "ui/tools:v1")
 	if strings.Contains(b.text("#layer-sandboxes"), sbOther.ID) {
 		t.Error("the layer page lists another tenant's sandbox")
 	}
