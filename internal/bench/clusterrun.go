@@ -294,5 +294,11 @@ func dashboardReads(ctx context.Context, cfg ClusterConfig, env *clusterEnv, liv
 	s = summarize(pages)
 	fmt.Fprintf(w, "%-58s %12s %9s %9s\n", fmt.Sprintf("dashboard: list every page, limit=1000: %d in %d pages, %s", n, len(pages),
 		time.Since(t0).Round(time.Millisecond)), "", ms(s.p50), ms(s.p99))
+	// What the list's default (live states) leaves out, by the counts.
+	counts, err := env.client.CountSandboxes(ctx, false)
+	if err != nil {
+		return fmt.Errorf("count: %w", err)
+	}
+	fmt.Fprintf(w, "dashboard: GET /v1/sandboxes:count of the tenant: %d records, by state %v\n", counts.Total, counts.ByState)
 	return nil
 }
