@@ -32,7 +32,7 @@ GUEST_KERNEL_PKG ?= linux-image-cloud-amd64
 GUEST_KERNEL     := bin/guest-kernel
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: all build run test test-unit lint deps tools check-go clean debian-base sandboxfusion-base guest-kernel vm-image ui-vendor
+.PHONY: all build run test test-unit lint deps tools check-go clean debian-base sandboxfusion-base guest-kernel vm-image
 
 all: build
 
@@ -111,6 +111,7 @@ lint: check-go
 # and copies them into internal/ui/assets/vendor, which is committed (the
 # binary embeds it), so neither the build nor the tests need npm.
 UI_VENDOR := internal/ui/assets/vendor
+.PHONY: ui-vendor
 ui-vendor:
 	cd web/ui-vendor && npm ci --no-audit --no-fund
 	rm -rf $(UI_VENDOR) && mkdir -p $(UI_VENDOR)
