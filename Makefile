@@ -109,6 +109,21 @@ lint: check-go
 	$(GO) vet ./...
 	bin/staticcheck ./...
 
+# ui-vendor rebuilds the dashboard's third-party files (xterm.js and its
+# fit addon) from npm at the versions web/ui-vendor/package-lock.json pins
+# and copies them into internal/ui/assets/vendor, which is committed (the
+# binary embeds it), so neither the build nor the tests need npm.
+UI_VENDOR := internal/ui/assets/vendor
+.PHONY: ui-vendor
+ui-vendor:
+	cd web/ui-vendor && npm ci --no-audit --no-fund
+	rm -rf $(UI_VENDOR) && mkdir -p $(UI_VENDOR)
+	cp web/ui-vendor/node_modules/@xterm/xterm/lib/xterm.js web/ui-vendor/node_modules/@xterm/xterm/css/xterm.css $(UI_VENDOR)/
+	cp web/ui-vendor/node_modules/@xterm/xterm/LICENSE $(UI_VENDOR)/LICENSE.xterm
+	cp web/ui-vendor/node_modules/@xterm/addon-fit/lib/addon-fit.js $(UI_VENDOR)/
+	cp web/ui-vendor/node_modules/@xterm/addon-fit/LICENSE $(UI_VENDOR)/LICENSE.addon-fit
+	sed -i '/^\/\/# sourceMappingURL=/d' $(UI_VENDOR)/*.js
+
 # debian-base talks to the server `make run` started (same DATA and LISTEN).
 DEBIAN_INCLUDE ?= python3,python3-pip,git
 debian-base: deps build

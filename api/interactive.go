@@ -59,6 +59,12 @@ type PortURLRequest struct {
 	Path string `json:"path,omitempty"`
 }
 
+// SignedURL is a signed URL of one WebSocket route of a sandbox
+// (POST /v1/sandboxes/{id}/terminal/url, …/vnc/url): it opens without a
+// key for a minute, so that a browser, which cannot set a WebSocket's
+// headers, can open the terminal or the screen.
+type SignedURL = PortURL
+
 // PortURL is a signed URL of a sandbox's port: anyone holding it reaches
 // that port of that sandbox, and nothing else, until it expires.
 type PortURL struct {

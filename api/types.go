@@ -163,6 +163,24 @@ type SandboxList struct {
 	NextPageToken string    `json:"next_page_token,omitempty"`
 }
 
+// SandboxCounts is the body of GET /v1/sandboxes:count: how many sandbox
+// records (deleted ones until they are purged, a day later) the tenant
+// has, or with all_tenants=1 (admin) every tenant, by state and backend.
+type SandboxCounts struct {
+	Total     int64            `json:"total"`
+	ByState   map[string]int64 `json:"by_state"`
+	ByBackend map[string]int64 `json:"by_backend"`
+	// Groups are the counts by state and backend together.
+	Groups []SandboxCountGroup `json:"groups"`
+}
+
+// SandboxCountGroup is the number of sandboxes in one state of one backend.
+type SandboxCountGroup struct {
+	State   string `json:"state"`
+	Backend string `json:"backend"`
+	Count   int64  `json:"count"`
+}
+
 // Trajectory keys an exec into the trajectory log: step Step of the
 // tenant's trajectory ID.
 type Trajectory struct {
@@ -192,6 +210,10 @@ type TrajectoryStep struct {
 	ExitCode    *int       `json:"exit_code,omitempty"`
 	StartedAt   time.Time  `json:"started_at"`
 	RecordedAt  *time.Time `json:"recorded_at,omitempty"`
+	// Replays is how many times the done step was replayed (answered from
+	// the log, not run again) since it ran; ReplayedAt the last time.
+	Replays    int64      `json:"replays"`
+	ReplayedAt *time.Time `json:"replayed_at,omitempty"`
 }
 
 // TrajectoryLog is the body of GET /v1/trajectories/{id}.
@@ -296,6 +318,56 @@ type Layer struct {
 	// Parents are the layers a snapshot goes on top of, base first, as
 	// digests; a sandbox created from the snapshot stacks them under it.
 	Parents []string `json:"parents,omitempty"`
+	// Usage is set by GET /v1/layers/{ref}?usage=1.
+	Usage *LayerUsage `json:"usage,omitempty"`
+}
+
+// LayerUsage is what a layer costs and who uses it (GET
+// /v1/layers/{ref}?usage=1), as far as the caller's tenant sees: other
+// tenants' private layers and sandboxes are not counted.
+type LayerUsage struct {
+	// Chunks is the number of distinct chunks of the layer's files, and
+	// DedupBytes their uncompressed size: what it holds after dedup
+	// within itself.
+	Chunks     int   `json:"chunks"`
+	DedupBytes int64 `json:"dedup_bytes"`
+	// StoredBytes is what those chunks take in the layer store
+	// (compressed); left out for a layer of very many chunks.
+	StoredBytes *int64 `json:"stored_bytes,omitempty"`
+	// SharedChunks of them (SharedBytes uncompressed) are also chunks of
+	// other layers: removing this layer would not free them.
+	SharedChunks int          `json:"shared_chunks"`
+	SharedBytes  int64        `json:"shared_bytes"`
+	SharedWith   []LayerShare `json:"shared_with"`
+	// Sandboxes are the tenant's live sandboxes running on the layer.
+	Sandboxes []string     `json:"sandboxes"`
+	Lineage   LayerLineage `json:"lineage"`
+	// Truncated says a bound cut a list or the layers compared short.
+	Truncated bool `json:"truncated,omitempty"`
+}
+
+// LayerShare is another layer holding some of a layer's chunks.
+type LayerShare struct {
+	Ref    string `json:"ref"`
+	Digest string `json:"digest"`
+	Chunks int    `json:"chunks"`
+	Bytes  int64  `json:"bytes"`
+}
+
+// LayerLineage is a layer's place among snapshots: the layers it stacks
+// on (base first) and the snapshot layers stacked on it, as a tree.
+type LayerLineage struct {
+	Ancestors   []LayerNode `json:"ancestors,omitempty"`
+	Descendants []LayerNode `json:"descendants,omitempty"`
+}
+
+// LayerNode is one layer of a lineage; Ref is empty for a layer the
+// tenant has no record of.
+type LayerNode struct {
+	Digest   string      `json:"digest"`
+	Ref      string      `json:"ref,omitempty"`
+	Kind     string      `json:"kind,omitempty"`
+	Children []LayerNode `json:"children,omitempty"`
 }
 
 // SnapshotRequest is the body of POST /v1/sandboxes/{id}/snapshot; every

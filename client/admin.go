@@ -54,6 +54,16 @@ func (c *Client) GetLayer(ctx context.Context, ref string) (*api.Layer, error) {
 	return &l, nil
 }
 
+// LayerUsage gets a layer with its usage: chunks after dedup, chunks
+// shared with other layers, the sandboxes on it and its lineage.
+func (c *Client) LayerUsage(ctx context.Context, ref string) (*api.Layer, error) {
+	var l api.Layer
+	if err := c.do(ctx, http.MethodGet, "/v1/layers/"+ref, url.Values{"usage": {"true"}}, nil, &l); err != nil {
+		return nil, err
+	}
+	return &l, nil
+}
+
 // CreateTenant makes a tenant (admin only).
 func (c *Client) CreateTenant(ctx context.Context, name string) (*api.Tenant, error) {
 	var t api.Tenant

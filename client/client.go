@@ -168,6 +168,9 @@ type ListOptions struct {
 	All bool
 	// States, if set, lists only sandboxes in these states.
 	States []string
+	// Node and Backend, if set, list only sandboxes on that node, of that
+	// backend.
+	Node, Backend string
 }
 
 // ListSandboxes lists one page of the tenant's sandboxes.
@@ -188,8 +191,28 @@ func (c *Client) ListSandboxes(ctx context.Context, o ListOptions) (*api.Sandbox
 	if len(o.States) > 0 {
 		q.Set("state", strings.Join(o.States, ","))
 	}
+	if o.Node != "" {
+		q.Set("node", o.Node)
+	}
+	if o.Backend != "" {
+		q.Set("backend", o.Backend)
+	}
 	var out api.SandboxList
 	if err := c.do(ctx, http.MethodGet, "/v1/sandboxes", q, nil, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// CountSandboxes counts the tenant's sandbox records by state and backend
+// without listing them; allTenants (an admin key) counts every tenant's.
+func (c *Client) CountSandboxes(ctx context.Context, allTenants bool) (*api.SandboxCounts, error) {
+	q := url.Values{}
+	if allTenants {
+		q.Set("all_tenants", "true")
+	}
+	var out api.SandboxCounts
+	if err := c.do(ctx, http.MethodGet, "/v1/sandboxes:count", q, nil, &out); err != nil {
 		return nil, err
 	}
 	return &out, nil

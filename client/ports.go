@@ -33,6 +33,27 @@ func (c *Client) PortURL(ctx context.Context, id string, port int, path string, 
 	return &out, nil
 }
 
+// TerminalURL makes a signed ws:// URL of a sandbox's terminal that
+// opens without a key for one minute (what a browser needs: it cannot set
+// a WebSocket's headers). Add cmd, rows, cols… to its query.
+func (c *Client) TerminalURL(ctx context.Context, id string) (*api.SignedURL, error) {
+	return c.signedURL(ctx, id, "terminal")
+}
+
+// VNCURL makes a signed ws:// URL of a sandbox's VNC WebSocket that opens
+// without a key for one minute.
+func (c *Client) VNCURL(ctx context.Context, id string) (*api.SignedURL, error) {
+	return c.signedURL(ctx, id, "vnc")
+}
+
+func (c *Client) signedURL(ctx context.Context, id, route string) (*api.SignedURL, error) {
+	var out api.SignedURL
+	if err := c.do(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(id)+"/"+route+"/url", nil, nil, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
 // DialPort opens a raw TCP connection to a port of a sandbox, carried
 // over a WebSocket (GET /v1/sandboxes/{id}/tcp/{port}). Nothing listening
 // there is a not_found error.

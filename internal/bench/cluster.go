@@ -82,8 +82,10 @@ type clusterEnv struct {
 	url    string
 	tenant string
 	client *client.Client
-	sim    *sim.Cluster
-	stop   func()
+	// adminKey is for the admin routes the dashboard's overview calls.
+	adminKey string
+	sim      *sim.Cluster
+	stop     func()
 }
 
 func openBenchStore(ctx context.Context, cfg ClusterConfig, kind, dir string) (store.Store, func(), func() time.Duration, error) {
@@ -188,7 +190,7 @@ func newClusterEnv(ctx context.Context, cfg ClusterConfig, kind, dir string) (*c
 		env.stop()
 		return nil, err
 	}
-	env.tenant, env.client = t.ID, benchClient(env.url, k.Secret, cfg.Concurrency)
+	env.tenant, env.client, env.adminKey = t.ID, benchClient(env.url, k.Secret, cfg.Concurrency), key
 	return env, nil
 }
 

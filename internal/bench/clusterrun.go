@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -213,6 +214,9 @@ func readsAtScale(ctx context.Context, cfg ClusterConfig, env *clusterEnv, dir s
 		s := summarize(lats)
 		fmt.Fprintf(w, "%-58s %12s %9s %9s\n", fmt.Sprintf("GET /v1/sandboxes?limit=100, %s, %d live", l.name, live), "", ms(s.p50), ms(s.p99))
 	}
+	if err := dashboardReads(ctx, cfg, env, live); err != nil {
+		return err
+	}
 	heap := heapInuse() - heap0
 	simHeap := perSandbox * int64(live)
 	own := "≈0 (within the calibration's noise)"
@@ -221,5 +225,80 @@ func readsAtScale(ctx context.Context, cfg ClusterConfig, env *clusterEnv, dir s
 	}
 	fmt.Fprintf(w, "memory at %d live: Go heap grew %s, of which the simulated nodes' sandbox handles ~%s; control plane %s; "+
 		"process RSS %s; database on disk %s (%s)\n", live, mib(heap), mib(simHeap), own, mib(rssBytes()), mib(dirBytes(dir)), bigFiles(dir))
+	return nil
+}
+
+// dashboardReads times what the dashboard asks of a full cluster: the
+// overview's calls (it makes them one after another, every 10 s) and
+// paging through the whole sandbox list.
+func dashboardReads(ctx context.Context, cfg ClusterConfig, env *clusterEnv, live int) error {
+	w := cfg.Out
+	hc := &http.Client{}
+	get := func(path string) (int, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, env.url+path, nil)
+		if err != nil {
+			return 0, err
+		}
+		req.Header.Set("Authorization", "Bearer "+env.adminKey)
+		resp, err := hc.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		defer resp.Body.Close()
+		n, _ := io.Copy(io.Discard, resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			return 0, fmt.Errorf("GET %s: %s", path, resp.Status)
+		}
+		return int(n), nil
+	}
+	calls := []string{"/v1/nodes", "/v1/stats", "/v1/sandboxes:count?all_tenants=1"}
+	per := make([][]time.Duration, len(calls))
+	var total []time.Duration
+	sizes := make([]int, len(calls))
+	for range 50 {
+		t0 := time.Now()
+		for i, c := range calls {
+			t1 := time.Now()
+			n, err := get(c)
+			if err != nil {
+				return fmt.Errorf("dashboard overview: %w", err)
+			}
+			per[i] = append(per[i], time.Since(t1))
+			sizes[i] = n
+		}
+		total = append(total, time.Since(t0))
+	}
+	for i, c := range calls {
+		s := summarize(per[i])
+		fmt.Fprintf(w, "%-58s %12s %9s %9s\n", fmt.Sprintf("dashboard: GET %s (%d KiB)", c, sizes[i]>>10), "", ms(s.p50), ms(s.p99))
+	}
+	s := summarize(total)
+	fmt.Fprintf(w, "%-58s %12s %9s %9s\n", fmt.Sprintf("dashboard: the overview's %d calls in turn, %d live", len(calls), live), "", ms(s.p50), ms(s.p99))
+
+	// The list, page by page to its end, as the Sandboxes page walks it.
+	var pages []time.Duration
+	tok, n := "", 0
+	t0 := time.Now()
+	for {
+		t1 := time.Now()
+		page, err := env.client.ListSandboxes(ctx, client.ListOptions{Limit: 1000, PageToken: tok})
+		if err != nil {
+			return fmt.Errorf("list walk: %w", err)
+		}
+		pages = append(pages, time.Since(t1))
+		n += len(page.Sandboxes)
+		if tok = page.NextPageToken; tok == "" {
+			break
+		}
+	}
+	s = summarize(pages)
+	fmt.Fprintf(w, "%-58s %12s %9s %9s\n", fmt.Sprintf("dashboard: list every page, limit=1000: %d in %d pages, %s", n, len(pages),
+		time.Since(t0).Round(time.Millisecond)), "", ms(s.p50), ms(s.p99))
+	// What the list's default (live states) leaves out, by the counts.
+	counts, err := env.client.CountSandboxes(ctx, false)
+	if err != nil {
+		return fmt.Errorf("count: %w", err)
+	}
+	fmt.Fprintf(w, "dashboard: GET /v1/sandboxes:count of the tenant: %d records, by state %v\n", counts.Total, counts.ByState)
 	return nil
 }

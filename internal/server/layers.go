@@ -146,15 +146,6 @@ func (s *Server) listLayers(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-func (s *Server) getLayer(w http.ResponseWriter, r *http.Request) error {
-	l, err := s.resolveLayer(r.Context(), principalFrom(r.Context()).Tenant, r.PathValue("ref"))
-	if err != nil {
-		return err
-	}
-	httpapi.WriteJSON(w, http.StatusOK, layerAPI(l))
-	return nil
-}
-
 // EnsureDefaultBase makes the public base layer "base:minimal" from a
 // static busybox if it does not exist yet.
 func (s *Server) EnsureDefaultBase(ctx context.Context, busybox string) error {

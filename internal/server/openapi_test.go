@@ -169,6 +169,8 @@ func TestOpenAPISchemas(t *testing.T) {
 		"Phase": api.Phase{}, "FileRules": api.FileRules{}, "SetPhaseRequest": api.SetPhaseRequest{},
 		"Profile": api.Profile{}, "CreateSandboxRequest": api.CreateSandboxRequest{},
 		"Sandbox": api.Sandbox{}, "Display": api.Display{}, "InputAction": api.InputAction{}, "InputRequest": api.InputRequest{}, "InputResult": api.InputResult{}, "RenewRequest": api.RenewRequest{}, "SandboxList": api.SandboxList{},
+		"SandboxCounts": api.SandboxCounts{}, "LayerUsage": api.LayerUsage{}, "LayerShare": api.LayerShare{},
+		"LayerLineage": api.LayerLineage{}, "LayerNode": api.LayerNode{}, "SandboxCountGroup": api.SandboxCountGroup{},
 		"Trajectory": api.Trajectory{}, "Checkpoint": api.Checkpoint{}, "RestoreRequest": api.RestoreRequest{},
 		"RestoreResult": api.RestoreResult{}, "TrajectoryStep": api.TrajectoryStep{},
 		"TrajectoryLog": api.TrajectoryLog{}, "ExecRequest": api.ExecRequest{}, "ExecResult": api.ExecResult{},

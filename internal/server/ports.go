@@ -64,46 +64,51 @@ func LoadURLSigningKey(path string) ([]byte, error) {
 	return key, nil
 }
 
-// portClaims is what a port token says.
-type portClaims struct {
+// urlClaims is what a signed URL's token says.
+type urlClaims struct {
 	Tenant string `json:"t"`
 	Exp    int64  `json:"e"` // Unix seconds
 }
 
-func (s *Server) portMAC(sandbox string, port int, c portClaims) []byte {
+// routeMAC binds a token to one route ("ports/8080", "terminal", "vnc")
+// of one sandbox of one tenant, until exp.
+func (s *Server) routeMAC(route, sandbox string, c urlClaims) []byte {
 	m := hmac.New(sha256.New, s.urlKey)
-	fmt.Fprintf(m, "dsec port url\x00%s\x00%d\x00%s\x00%d", sandbox, port, c.Tenant, c.Exp)
+	fmt.Fprintf(m, "dsec signed url\x00%s\x00%s\x00%s\x00%d", route, sandbox, c.Tenant, c.Exp)
 	return m.Sum(nil)
 }
 
 var b64u = base64.RawURLEncoding
 
-// signPort makes a token for one port of one sandbox of a tenant.
-func (s *Server) signPort(sandbox string, port int, tenant string, exp time.Time) string {
-	c := portClaims{Tenant: tenant, Exp: exp.Unix()}
+// signRoute makes a token for one route of one sandbox of a tenant: what
+// signed port URLs and the browser's terminal and VNC URLs carry.
+func (s *Server) signRoute(route, sandbox, tenant string, exp time.Time) string {
+	c := urlClaims{Tenant: tenant, Exp: exp.Unix()}
 	head, _ := json.Marshal(c)
-	return b64u.EncodeToString(head) + "." + b64u.EncodeToString(s.portMAC(sandbox, port, c))
+	return b64u.EncodeToString(head) + "." + b64u.EncodeToString(s.routeMAC(route, sandbox, c))
 }
 
-// verifyPort checks a token for that port of that sandbox and returns the
-// tenant it speaks for.
-func (s *Server) verifyPort(token, sandbox string, port int) (principal, error) {
-	bad := fmt.Errorf("invalid or expired port URL token: %w", errdefs.ErrUnauthenticated)
+// verifyRoute checks a token for that route of that sandbox and returns
+// the tenant it speaks for (never an admin).
+func (s *Server) verifyRoute(token, route, sandbox string) (principal, error) {
+	bad := fmt.Errorf("invalid or expired signed URL token: %w", errdefs.ErrUnauthenticated)
 	head, sig, ok := strings.Cut(token, ".")
 	if !ok {
 		return principal{}, bad
 	}
 	hb, err1 := b64u.DecodeString(head)
 	mac, err2 := b64u.DecodeString(sig)
-	var c portClaims
+	var c urlClaims
 	if err1 != nil || err2 != nil || json.Unmarshal(hb, &c) != nil || c.Tenant == "" {
 		return principal{}, bad
 	}
-	if !hmac.Equal(mac, s.portMAC(sandbox, port, c)) || time.Now().Unix() >= c.Exp {
+	if !hmac.Equal(mac, s.routeMAC(route, sandbox, c)) || time.Now().Unix() >= c.Exp {
 		return principal{}, bad
 	}
 	return principal{Tenant: c.Tenant}, nil
 }
+
+func portRoute(port int) string { return "ports/" + strconv.Itoa(port) }
 
 func portParam(r *http.Request) (int, error) {
 	v := r.PathValue("port")
@@ -146,7 +151,7 @@ func (s *Server) portURL(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	exp := time.Now().Add(ttl).Truncate(time.Second)
-	tok := s.signPort(sb.API.ID, port, principalFrom(r.Context()).Tenant, exp)
+	tok := s.signRoute(portRoute(port), sb.API.ID, principalFrom(r.Context()).Tenant, exp)
 	scheme := "http"
 	if r.TLS != nil || r.Header.Get("X-Forwarded-Proto") == "https" {
 		scheme = "https"
@@ -182,7 +187,7 @@ func (s *Server) servePort(w http.ResponseWriter, r *http.Request) error {
 	}
 	var p principal
 	if tok != "" && r.Header.Get("Authorization") == "" {
-		p, err = s.verifyPort(tok, id, port)
+		p, err = s.verifyRoute(tok, portRoute(port), id)
 	} else {
 		p, err = s.auth.authenticate(r)
 	}

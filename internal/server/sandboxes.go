@@ -272,6 +272,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 		}
 		f.Labels[k] = v
 	}
+	f.Node, f.Backend = q.Get("node"), q.Get("backend")
 	if st := q.Get("state"); st != "" {
 		f.States = strings.Split(st, ",")
 	} else if all, err := queryBool(q, "all"); err != nil {
@@ -286,6 +287,45 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 	out := api.SandboxList{Sandboxes: make([]api.Sandbox, 0, len(list)), NextPageToken: next}
 	for _, sb := range list {
 		out.Sandboxes = append(out.Sandboxes, s.view(sb))
+	}
+	httpapi.WriteJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// countSandboxes answers GET /v1/sandboxes:count: the caller's tenant's
+// sandboxes counted by state and backend in the store (one GROUP BY on
+// an index), so an overview need not list them; all_tenants=1 (admin
+// keys only) counts every tenant's.
+func (s *Server) countSandboxes(w http.ResponseWriter, r *http.Request) error {
+	p := principalFrom(r.Context())
+	all, err := queryBool(r.URL.Query(), "all_tenants")
+	if err != nil {
+		return err
+	}
+	tenant := p.Tenant
+	if all {
+		if !p.Admin {
+			return fmt.Errorf("all_tenants needs an admin key: %w", errdefs.ErrPermissionDenied)
+		}
+		tenant = ""
+	}
+	list, err := s.store.CountSandboxes(r.Context(), tenant)
+	if err != nil {
+		return err
+	}
+	out := api.SandboxCounts{ByState: map[string]int64{}, ByBackend: map[string]int64{}, Groups: []api.SandboxCountGroup{}}
+	group := map[[2]string]int{}
+	for _, c := range list {
+		out.Total += c.Count
+		out.ByState[c.State] += c.Count
+		out.ByBackend[c.Backend] += c.Count
+		k := [2]string{c.State, c.Backend}
+		if i, ok := group[k]; ok {
+			out.Groups[i].Count += c.Count
+			continue
+		}
+		group[k] = len(out.Groups)
+		out.Groups = append(out.Groups, api.SandboxCountGroup{State: c.State, Backend: c.Backend, Count: c.Count})
 	}
 	httpapi.WriteJSON(w, http.StatusOK, out)
 	return nil

@@ -139,7 +139,9 @@ type Server struct {
 	// layerMu is held shared by layer writes and exclusively by the
 	// removal of layers (see layergc.go).
 	layerMu sync.RWMutex
-	gcKick  chan struct{}
+	// chunks caches layers' chunk sets for usage reports.
+	chunks chunkSets
+	gcKick chan struct{}
 
 	// admission holds creates waiting for busy nodes (admission.go).
 	admission *admission.Queue
@@ -293,6 +295,7 @@ func (s *Server) Handler() http.Handler {
 	authed("POST /v1/sandboxes", s.createSandbox)
 	authed("GET /v1/sandboxes", s.listSandboxes)
 	authed("POST /v1/sandboxes:batch", s.createBatch)
+	authed("GET /v1/sandboxes:count", s.countSandboxes)
 	authed("GET /v1/sandboxes/{id}", s.getSandbox)
 	authed("DELETE /v1/sandboxes/{id}", s.deleteSandbox)
 	authed("POST /v1/sandboxes/{id}/exec", s.exec)
@@ -313,7 +316,11 @@ func (s *Server) Handler() http.Handler {
 	authed("PUT /v1/sandboxes/{id}/phase", s.setPhase)
 
 	// Interactive sandboxes: terminals, ports, live logs.
-	authed("GET /v1/sandboxes/{id}/terminal", s.terminal)
+	// The terminal and VNC WebSockets also take a signed one-minute URL's
+	// token instead of a key: a browser cannot set a WebSocket's headers.
+	mux.Handle("GET /v1/sandboxes/{id}/terminal", s.instrument("GET /v1/sandboxes/{id}/terminal", s.keyOrToken("terminal", s.terminal)))
+	authed("POST /v1/sandboxes/{id}/terminal/url", s.wsURL("terminal"))
+	authed("POST /v1/sandboxes/{id}/vnc/url", s.wsURL("vnc"))
 	authed("POST /v1/sandboxes/{id}/ports/{port}/url", s.portURL)
 	authed("GET /v1/sandboxes/{id}/tcp/{port}", s.tunnel)
 	// A key or a signed URL's token: it authenticates by itself.
@@ -321,7 +328,7 @@ func (s *Server) Handler() http.Handler {
 
 	authed("GET /v1/sandboxes/{id}/screen", s.toEdgeDisplay)
 	authed("POST /v1/sandboxes/{id}/input", s.toEdgeDisplay)
-	authed("GET /v1/sandboxes/{id}/vnc", s.toEdgeDisplay)
+	mux.Handle("GET /v1/sandboxes/{id}/vnc", s.instrument("GET /v1/sandboxes/{id}/vnc", s.keyOrToken("vnc", s.toEdgeDisplay)))
 	authed("GET /v1/profiles", s.listProfiles)
 
 	authed("POST /v1/fncall", s.fncallCall)

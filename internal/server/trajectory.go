@@ -167,6 +167,9 @@ func (s *Server) step(ctx context.Context, sb store.Sandbox, n *node, req *api.E
 		switch act {
 		case trajectory.Replay:
 			unlock()
+			if err := s.store.StepReplayed(ctx, *rec, time.Now()); err != nil {
+				log.WarnContext(ctx, "count the step's replay", "err", err)
+			}
 			res := *rec.Result
 			res.Replayed = true
 			return &res, nil
@@ -360,6 +363,7 @@ func (s *Server) getTrajectory(w http.ResponseWriter, r *http.Request) error {
 		out.Steps = append(out.Steps, api.TrajectoryStep{
 			Step: st.Step, Fingerprint: st.Fingerprint, Sandbox: st.Sandbox, State: st.State,
 			ExitCode: st.ExitCode, StartedAt: st.StartedAt, RecordedAt: st.RecordedAt,
+			Replays: st.Replays, ReplayedAt: st.ReplayedAt,
 		})
 	}
 	httpapi.WriteJSON(w, http.StatusOK, out)

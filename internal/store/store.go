@@ -95,6 +95,10 @@ type SandboxStore interface {
 	// TouchSandbox records that a sandbox was used at t.
 	TouchSandbox(ctx context.Context, id string, t time.Time) error
 	ListSandboxes(ctx context.Context, f SandboxFilter) ([]Sandbox, string, error)
+	// CountSandboxes counts the records of a tenant's sandboxes (of every
+	// tenant's for tenant ""), by state and backend, without reading them.
+	// A state and backend may come more than once: add them up.
+	CountSandboxes(ctx context.Context, tenant string) ([]SandboxCount, error)
 	// PurgeSandboxes removes records of sandboxes deleted before t.
 	PurgeSandboxes(ctx context.Context, deletedBefore time.Time) (int, error)
 }
@@ -155,6 +159,9 @@ type TrajectoryStore interface {
 	// FinishStep records the result of the running step st.Attempt. It
 	// fails with ErrConflict if the step is no longer that attempt.
 	FinishStep(ctx context.Context, st Step) error
+	// StepReplayed counts a replay of the done step st (st.Attempt): it
+	// does nothing if the step has been run again since.
+	StepReplayed(ctx context.Context, st Step, at time.Time) error
 	// DeleteSteps removes the trajectory's steps from step from on (all of
 	// them for from <= 0) and returns how many went.
 	DeleteSteps(ctx context.Context, tenant, trajectory string, from int64) (int, error)
@@ -244,13 +251,25 @@ type Sandbox struct {
 var ErrConflict = fmt.Errorf("record changed concurrently: %w", errdefs.ErrFailedPrecondition)
 
 // SandboxFilter selects sandboxes to list.
+// SandboxCount is how many sandbox records have a state and a backend.
+type SandboxCount struct {
+	State   string
+	Backend string
+	Count   int64
+}
+
 type SandboxFilter struct {
 	Tenant string // required unless AllTenants
 	// AllTenants lists across tenants (for reconciliation and reaping).
 	AllTenants bool
 	Node       string
-	States     []string
-	Labels     map[string]string
+	Backend    string
+	// Layer selects sandboxes that run on the layer with this digest
+	// (stacked anywhere in them). It reads each candidate's record: keep
+	// it to one tenant.
+	Layer  string
+	States []string
+	Labels map[string]string
 	// ExpiredBy selects sandboxes whose expiry is at or before it.
 	ExpiredBy *time.Time
 	// IdleBy selects sandboxes with an idle timeout whose last activity
@@ -314,6 +333,10 @@ type Step struct {
 	ExitCode   *int
 	StartedAt  time.Time
 	RecordedAt *time.Time
+	// Replays counts the times the done step was answered from the log
+	// instead of run again; ReplayedAt is the last (nil: never).
+	Replays    int64
+	ReplayedAt *time.Time
 }
 
 // Quota bounds what a tenant's live sandboxes may hold; zero is unlimited.

@@ -26,8 +26,12 @@ func Handler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h := w.Header()
 		// The page talks only to its own origin; nothing is loaded from
-		// elsewhere, and it may not be framed.
-		h.Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; connect-src 'self'; frame-ancestors 'none'")
+		// elsewhere, and it may not be framed. Scripts are only the
+		// embedded files; styles may be inline because xterm.js sizes its
+		// rows with a <style> element it makes. img-src blob: is the
+		// screen (PNGs fetched with the key); connect-src 'self' takes in
+		// the terminal's ws:// URL of the same host.
+		h.Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data: blob:; style-src 'self' 'unsafe-inline'; script-src 'self'; connect-src 'self'; frame-ancestors 'none'")
 		h.Set("X-Content-Type-Options", "nosniff")
 		h.Set("Referrer-Policy", "no-referrer")
 		if strings.HasSuffix(r.URL.Path, "/") || strings.HasSuffix(r.URL.Path, ".html") {

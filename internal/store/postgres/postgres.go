@@ -169,6 +169,7 @@ var (
 	stepInsert              = rebind(sqlstore.StepInsert)
 	stepFinish              = rebind(sqlstore.StepFinish)
 	stepsDelete             = rebind(sqlstore.StepsDelete)
+	stepReplayed            = rebind(sqlstore.StepReplayed)
 	stepsMove               = rebind(sqlstore.StepsMove)
 	trajectoriesPurge       = rebind(sqlstore.TrajectoriesPurge)
 	trajectorySettingsPurge = rebind(sqlstore.TrajectorySettingsPurge)

@@ -263,6 +263,7 @@ var dialect = sqlstore.Dialect{
 	Label: func(k, v string) (string, []any) {
 		return "doc->'API'->'labels'->>? = ?", []any{k, v}
 	},
+	DocHas: func(s string) (string, []any) { return "strpos(doc::text, ?) > 0", []any{s} },
 }
 
 // ListSandboxes implements store.Store. Pages are in id order; the page
@@ -279,6 +280,13 @@ func (s *Store) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]sto
 	}
 	out, next := sqlstore.Page(out, f.Limit)
 	return out, next, nil
+}
+
+// CountSandboxes implements store.Store.
+func (s *Store) CountSandboxes(ctx context.Context, tenant string) ([]store.SandboxCount, error) {
+	q, args := sqlstore.CountQuery(tenant)
+	rows, err := s.pool.Query(ctx, rebind(q), args...)
+	return collect(rows, err, "count sandboxes", sqlstore.ScanCount)
 }
 
 // PurgeSandboxes implements store.Store.

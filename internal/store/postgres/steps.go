@@ -70,6 +70,14 @@ func (s *Store) FinishStep(ctx context.Context, st store.Step) error {
 	return nil
 }
 
+// StepReplayed implements store.Store.
+func (s *Store) StepReplayed(ctx context.Context, st store.Step, at time.Time) error {
+	if _, err := s.pool.Exec(ctx, stepReplayed, sqlstore.StepReplayedArgs(st, at)...); err != nil {
+		return fmt.Errorf("count trajectory step replay: %w", err)
+	}
+	return nil
+}
+
 // DeleteSteps implements store.Store.
 func (s *Store) DeleteSteps(ctx context.Context, tenant, trajectory string, from int64) (int, error) {
 	tag, err := s.pool.Exec(ctx, stepsDelete, tenant, trajectory, max(from, 0))

@@ -101,6 +101,15 @@ func (s *Store) FinishStep(ctx context.Context, st store.Step) error {
 	return nil
 }
 
+// StepReplayed implements store.Store. A count for the dashboard, not a
+// record a crash must keep: it is not written durably.
+func (s *Store) StepReplayed(ctx context.Context, st store.Step, at time.Time) error {
+	if _, err := s.w.ExecContext(ctx, sqlstore.StepReplayed, sqlstore.StepReplayedArgs(st, at)...); err != nil {
+		return fmt.Errorf("count trajectory step replay: %w", err)
+	}
+	return nil
+}
+
 // DeleteSteps implements store.Store.
 func (s *Store) DeleteSteps(ctx context.Context, tenant, trajectory string, from int64) (int, error) {
 	res, err := s.w.ExecContext(ctx, sqlstore.StepsDelete, tenant, trajectory, max(from, 0))

@@ -14,6 +14,8 @@ type SchemaDialect struct {
 	False string // the flag's false, as a DEFAULT
 	Bytes string // a byte string
 	JSON  string // a JSON document
+	// DocBackend reads the backend out of a sandbox's doc.
+	DocBackend string
 	// After are statements run after the tables are created (storage
 	// settings of this database only).
 	After []string
@@ -22,9 +24,11 @@ type SchemaDialect struct {
 // The two dialects. The INTEGER columns (charged, drain, exit_code) are
 // the same in both: sqlstore binds them with B2i.
 var (
-	SQLiteSchema = SchemaDialect{Name: "sqlite", Int: "INTEGER", Bool: "INTEGER", False: "0", Bytes: "BLOB", JSON: "TEXT"}
+	SQLiteSchema = SchemaDialect{Name: "sqlite", Int: "INTEGER", Bool: "INTEGER", False: "0", Bytes: "BLOB", JSON: "TEXT",
+		DocBackend: `json_extract(doc, '$.API.backend')`}
 
 	PostgresSchema = SchemaDialect{Name: "postgres", Int: "BIGINT", Bool: "BOOLEAN", False: "FALSE", Bytes: "BYTEA", JSON: "JSONB",
+		DocBackend: `doc->'API'->>'backend'`,
 		After: []string{
 			// Sandboxes come in bursts of thousands; autovacuum's default
 			// (10% of the table changed) would leave the planner thinking a
@@ -84,12 +88,16 @@ CREATE TABLE sandboxes (
 	charged INTEGER NOT NULL DEFAULT 0,
 	-- nanoseconds, 0 for none
 	idle_timeout {int} NOT NULL DEFAULT 0,
-	disk_mb {int} NOT NULL DEFAULT 0
+	disk_mb {int} NOT NULL DEFAULT 0,
+	-- the backend (also in doc), as a column so that counts by backend
+	-- are an index scan
+	backend TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX sandboxes_tenant ON sandboxes(tenant, id);
 CREATE INDEX sandboxes_node ON sandboxes(node, state);
 CREATE INDEX sandboxes_expires ON sandboxes(expires_at) WHERE expires_at IS NOT NULL;
 CREATE INDEX sandboxes_idle ON sandboxes((last_active + idle_timeout)) WHERE idle_timeout > 0;
+CREATE INDEX sandboxes_count ON sandboxes(tenant, state, backend);
 CREATE TABLE nodes (
 	id TEXT PRIMARY KEY,
 	doc {json} NOT NULL,
@@ -129,6 +137,10 @@ CREATE TABLE trajectory_steps (
 	result TEXT,
 	started_at {int} NOT NULL,
 	recorded_at {int},
+	-- how many times the done step was replayed (answered from the log)
+	-- and when last
+	replays {int} NOT NULL DEFAULT 0,
+	replayed_at {int},
 	PRIMARY KEY (tenant, trajectory, step)
 );
 CREATE TABLE trajectories (
@@ -168,6 +180,15 @@ var upgrades = []string{
 	`ALTER TABLE sandboxes ADD COLUMN disk_mb {int} NOT NULL DEFAULT 0;
 	ALTER TABLE nodes ADD COLUMN limit_disk_mb {int} NOT NULL DEFAULT 0;
 	ALTER TABLE nodes ADD COLUMN alloc_disk_mb {int} NOT NULL DEFAULT 0;`,
+	// 7: a step says how often it was replayed (the dashboard's timeline
+	// and the trajectory API show replayed against run); a sandbox's
+	// backend gets a column (from its doc) and sandboxes an index to count
+	// them by tenant, state and backend.
+	`ALTER TABLE trajectory_steps ADD COLUMN replays {int} NOT NULL DEFAULT 0;
+	ALTER TABLE trajectory_steps ADD COLUMN replayed_at {int};
+	ALTER TABLE sandboxes ADD COLUMN backend TEXT NOT NULL DEFAULT '';
+	UPDATE sandboxes SET backend = COALESCE({docbackend}, '');
+	CREATE INDEX sandboxes_count ON sandboxes(tenant, state, backend);`,
 }
 
 // SchemaVersion is the version a database has once migrated.
@@ -197,5 +218,5 @@ func Migration(d SchemaDialect, v int) ([]string, error) {
 func Schema(d SchemaDialect) string { return d.spell(schema) }
 
 func (d SchemaDialect) spell(s string) string {
-	return strings.NewReplacer("{int}", d.Int, "{bool}", d.Bool, "{false}", d.False, "{bytes}", d.Bytes, "{json}", d.JSON).Replace(s)
+	return strings.NewReplacer("{int}", d.Int, "{bool}", d.Bool, "{false}", d.False, "{bytes}", d.Bytes, "{json}", d.JSON, "{docbackend}", d.DocBackend).Replace(s)
 }

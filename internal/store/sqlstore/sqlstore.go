@@ -252,4 +252,7 @@ type Dialect struct {
 	// Label is the condition that the sandbox record's label k (a
 	// checked key) is v.
 	Label func(k, v string) (cond string, args []any)
+	// DocHas is the condition that the record's JSON document holds the
+	// string s (a layer digest: long enough to match nothing else).
+	DocHas func(s string) (cond string, args []any)
 }

@@ -10,18 +10,22 @@ import (
 	"github.com/dsec-project/dsec/internal/store"
 )
 
-// StepCols are the columns ScanStep reads (all but the result).
+// StepCols are the columns a new step is inserted with (all but the
+// result and the replay count, which starts at 0).
 const StepCols = `tenant, trajectory, step, fingerprint, attempt, sandbox, generation, state, exit_code, started_at, recorded_at`
 
-// ScanStep reads a step from a row of StepCols and, if result is not
-// nil, the result column after them (nil where NULL).
+// StepReadCols are the columns ScanStep reads.
+const StepReadCols = StepCols + `, replays, replayed_at`
+
+// ScanStep reads a step from a row of StepReadCols and, if result is
+// not nil, the result column after them (nil where NULL).
 func ScanStep(sc Scanner, result *[]byte) (store.Step, error) {
 	var st store.Step
 	var exit *int32
 	var started int64
-	var recorded *int64
+	var recorded, replayed *int64
 	dest := []any{&st.Tenant, &st.Trajectory, &st.Step, &st.Fingerprint, &st.Attempt, &st.Sandbox,
-		&st.Generation, &st.State, &exit, &started, &recorded}
+		&st.Generation, &st.State, &exit, &started, &recorded, &st.Replays, &replayed}
 	if result != nil {
 		dest = append(dest, result)
 	}
@@ -36,6 +40,10 @@ func ScanStep(sc Scanner, result *[]byte) (store.Step, error) {
 	if recorded != nil {
 		t := FromNanos(*recorded)
 		st.RecordedAt = &t
+	}
+	if replayed != nil {
+		t := FromNanos(*replayed)
+		st.ReplayedAt = &t
 	}
 	return st, nil
 }
@@ -54,10 +62,14 @@ func StepResult(result []byte) (*api.ExecResult, error) {
 
 // The trajectory log.
 const (
-	StepGet = `SELECT ` + StepCols + `, result FROM trajectory_steps
+	StepGet = `SELECT ` + StepReadCols + `, result FROM trajectory_steps
 		WHERE tenant = ? AND trajectory = ? AND step = ?`
-	StepList = `SELECT ` + StepCols + ` FROM trajectory_steps
+	StepList = `SELECT ` + StepReadCols + ` FROM trajectory_steps
 		WHERE tenant = ? AND trajectory = ? ORDER BY step`
+	// StepReplayed counts a replay of a done step, if it is still the
+	// recorded attempt (StepReplayedArgs).
+	StepReplayed = `UPDATE trajectory_steps SET replays = replays + 1, replayed_at = ?
+		WHERE tenant = ? AND trajectory = ? AND step = ? AND attempt = ? AND state = ?`
 	// StepsDelete deletes a trajectory's steps from a step on.
 	StepsDelete = `DELETE FROM trajectory_steps WHERE tenant = ? AND trajectory = ? AND step >= ?`
 	// StepsMove moves a trajectory's done steps up to a step to another
@@ -77,6 +89,11 @@ const (
 		checkpoint_every = excluded.checkpoint_every, updated_at = excluded.updated_at`
 	TrajectoryGet = `SELECT checkpoint_every, updated_at FROM trajectories WHERE tenant = ? AND id = ?`
 )
+
+// StepReplayedArgs are StepReplayed's arguments for st, replayed at.
+func StepReplayedArgs(st store.Step, at time.Time) []any {
+	return []any{Nanos(at), st.Tenant, st.Trajectory, st.Step, st.Attempt, api.StepDone}
+}
 
 // StepsMoveArgs are StepsMove's arguments.
 func StepsMoveArgs(tenant, trajectory string, upTo int64, to store.StepPlace) []any {

@@ -108,6 +108,25 @@ func steps(t *testing.T, s store.Store, reopen func(*testing.T) store.Store) {
 		t.Fatalf("tenant b's step 1: %+v %v", b, err)
 	}
 
+	// Replays are counted on the recorded attempt only.
+	replayedAt := now.Add(time.Second)
+	for range 2 {
+		if err := s.StepReplayed(ctx, step("a", 2), replayedAt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stray := step("a", 2)
+	stray.Attempt = "someone-else"
+	if err := s.StepReplayed(ctx, stray, replayedAt); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.GetStep(ctx, "a", "job/ep-1", 2); err != nil || got.Replays != 2 || got.ReplayedAt == nil || !got.ReplayedAt.Equal(replayedAt) {
+		t.Fatalf("step 2 after two replays: replays %d at %v, %v", got.Replays, got.ReplayedAt, err)
+	}
+	if l, err := s.ListSteps(ctx, "a", "job/ep-1"); err != nil || l[1].Replays != 2 || l[0].Replays != 0 || l[0].ReplayedAt != nil {
+		t.Fatalf("listed replays: %+v, %v", l, err)
+	}
+
 	// A step that runs again replaces the history from there on.
 	again := step("a", 3)
 	again.Fingerprint, again.Attempt = "fp-new", "a-new"

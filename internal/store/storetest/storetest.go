@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"testing"
 	"time"
 
@@ -113,6 +114,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store, reopen func(t *testi
 				API: api.Sandbox{
 					ID: fmt.Sprintf("sb-%02d", i), State: api.StateRunning, Node: "n1",
 					Labels: map[string]string{"job": fmt.Sprint(i % 2)}, CreatedAt: now,
+					Backend: []string{api.BackendContainer, api.BackendContainer, api.BackendMicroVM}[i%3],
 				},
 				Tenant:       []string{"a", "b"}[i%2],
 				LayerDigests: []string{"sha256:aa"},
@@ -178,6 +180,37 @@ func Run(t *testing.T, open func(t *testing.T) store.Store, reopen func(t *testi
 		running, _, _ := s.ListSandboxes(ctx, store.SandboxFilter{Tenant: "a", States: []string{api.StateRunning}})
 		if len(running) != 12 {
 			t.Fatalf("state filter: %d", len(running))
+		}
+		// Tenant a holds sb-00..sb-24 even: 13, sb-04 deleted; every third
+		// (i%3 == 2: 2, 8, 14, 20) is a microVM.
+		vms, _, err := s.ListSandboxes(ctx, store.SandboxFilter{Tenant: "a", Backend: api.BackendMicroVM})
+		if err != nil || len(vms) != 4 {
+			t.Fatalf("backend filter: %d, %v", len(vms), err)
+		}
+		onLayer, _, err := s.ListSandboxes(ctx, store.SandboxFilter{Tenant: "a", Layer: "sha256:aa", States: []string{api.StateRunning}})
+		if err != nil || len(onLayer) != 12 {
+			t.Fatalf("layer filter: %d, %v", len(onLayer), err)
+		}
+		if none, _, err := s.ListSandboxes(ctx, store.SandboxFilter{Tenant: "a", Layer: "sha256:bb"}); err != nil || len(none) != 0 {
+			t.Fatalf("layer filter, a layer nobody runs: %d, %v", len(none), err)
+		}
+		count := func(tenant string) map[string]int64 {
+			t.Helper()
+			list, err := s.CountSandboxes(ctx, tenant)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m := map[string]int64{}
+			for _, c := range list {
+				m[c.State+"/"+c.Backend] += c.Count
+			}
+			return m
+		}
+		if got, want := count("a"), map[string]int64{"running/container": 8, "running/microvm": 4, "deleted/container": 1}; !maps.Equal(got, want) {
+			t.Fatalf("counts of tenant a: %v, want %v", got, want)
+		}
+		if got := count(""); got["running/container"]+got["running/microvm"] != 24 {
+			t.Fatalf("counts of every tenant: %v", got)
 		}
 		if err := s.UpdateSandbox(ctx, &store.Sandbox{API: api.Sandbox{ID: "ghost"}}); !errors.Is(err, errdefs.ErrNotFound) {
 			t.Fatalf("update of a missing sandbox: %v", err)

@@ -3,10 +3,13 @@
 
 import { call, key, setKey, clearKey, whoami, q } from "./api.js";
 import { h, badge, errorBox, bar, fmt, bytes, when } from "./dom.js";
+import { terminalCard, closeTerminal } from "./terminal.js";
+import { processesCard, screenCard, stopLive } from "./live.js";
 
 const main = document.getElementById("main");
 const session = { admin: null }; // learnt from GET /v1/nodes after sign-in
 let flash = ""; // the outcome of an action, shown once on the page it re-renders
+let refreshTimer = 0; // the overview's next refresh
 
 function route() {
   const raw = location.hash.replace(/^#\/?/, "");
@@ -19,6 +22,9 @@ function go(hash) { location.hash = hash; }
 
 async function render() {
   const r = route();
+  clearTimeout(refreshTimer);
+  closeTerminal();
+  stopLive();
   if (!key() && r.name !== "signin") return go("#/signin");
   document.getElementById("top").hidden = r.name === "signin";
   for (const a of document.querySelectorAll("[data-nav]")) a.classList.toggle("active", a.dataset.nav === r.name);
@@ -68,27 +74,9 @@ function signin(r) {
 
 // ---- overview ----------------------------------------------------------------
 
-// countSandboxes tallies up to maxPages pages of the list by state and
-// backend, so a huge fleet costs a bounded number of requests.
-async function countSandboxes(maxPages = 10) {
-  const byState = {}, byBackend = {};
-  let token = "", n = 0, pagesRead = 0;
-  do {
-    const r = await call("/v1/sandboxes" + q({ all: 1, limit: 1000, page_token: token }));
-    for (const s of r.sandboxes || []) {
-      byState[s.state] = (byState[s.state] || 0) + 1;
-      byBackend[s.backend] = (byBackend[s.backend] || 0) + 1;
-      n++;
-    }
-    token = r.next_page_token || "";
-    pagesRead++;
-  } while (token && pagesRead < maxPages);
-  return { byState, byBackend, n, more: !!token };
-}
-
-function kpis(title, counts, more) {
+function kpis(title, counts) {
   const entries = Object.entries(counts).sort();
-  return h("div", { class: "card" }, h("h2", {}, title + (more ? " (first pages only)" : "")),
+  return h("div", { class: "card" }, h("h2", {}, title),
     h("div", { class: "kpis" }, entries.length ? entries.map(([k, v]) =>
       h("div", { class: "kpi", "data-test": "count-" + k }, h("b", {}, fmt(v)), badge(k))) : h("span", { class: "muted" }, "none")));
 }
@@ -124,7 +112,15 @@ function chart(title, samples, field) {
     vals.length < 2 ? h("div", { class: "muted" }, "collecting (a sample every 10 s)…") : null);
 }
 
+// overview is the cluster at a glance; it refreshes itself every 10 s
+// (#/overview?every=N: N s) while on screen, with four calls, none of
+// which lists sandboxes.
+const OVERVIEW_REFRESH_MS = 10000;
+
 async function overview() {
+  const n = Number(route().params.get("every"));
+  const every = n >= 1 ? n * 1000 : OVERVIEW_REFRESH_MS;
+  const started = performance.now();
   const out = [h("h1", {}, "Overview")];
   if (session.admin) {
     const { nodes } = await call("/v1/nodes");
@@ -137,10 +133,28 @@ async function overview() {
   } else {
     out.push(h("p", { class: "muted" }, "A tenant key: nodes and other tenants are not shown."));
   }
-  const c = await countSandboxes();
-  out.push(h("h2", {}, "Your tenant's sandboxes: " + fmt(c.n) + (c.more ? "+" : "")),
-    h("div", { class: "grid" }, kpis("By state", c.byState, c.more), kpis("By backend", c.byBackend, c.more)));
+  const c = await call("/v1/sandboxes:count" + q({ all_tenants: session.admin ? 1 : "" }));
+  out.push(h("h2", {}, (session.admin ? "Sandboxes of every tenant: " : "Your tenant's sandboxes: ") + fmt(c.total)),
+    h("div", { class: "grid", id: "counts" }, kpis("By state", c.by_state), kpis("By backend", c.by_backend)));
+  const ms = Math.round(performance.now() - started);
+  out.push(h("p", { class: "muted", id: "updated", "data-ms": ms, "data-at": Date.now() },
+    "Updated " + new Date().toLocaleTimeString() + " in " + ms + " ms; refreshes every " + every / 1000 + " s."));
+  refreshTimer = setTimeout(refreshOverview, every);
   return out;
+}
+
+// refreshOverview redraws the overview in place (no "Loading…" flash),
+// if it is still the page on screen.
+async function refreshOverview() {
+  if (route().name !== "overview") return;
+  try {
+    const content = await overview();
+    if (route().name === "overview") main.replaceChildren(...content);
+    else clearTimeout(refreshTimer);
+  } catch (e) {
+    if (e.status === 401) return;
+    refreshTimer = setTimeout(refreshOverview, OVERVIEW_REFRESH_MS);
+  }
 }
 
 // ---- sandboxes ---------------------------------------------------------------
@@ -148,14 +162,18 @@ async function overview() {
 async function sandboxes(r) {
   const p = r.params;
   const label = p.get("label") || "", state = p.get("state") || "", limit = p.get("limit") || "50";
+  const node = p.get("node") || "", backend = p.get("backend") || "";
   const token = p.get("page_token") || "";
   const trail = (p.get("trail") || "").split(",").filter(Boolean); // tokens of the pages before
-  const list = await call("/v1/sandboxes" + q({ label: label.split(/\s+/).filter(Boolean), state, limit, page_token: token }));
+  const list = await call("/v1/sandboxes" + q({ label: label.split(/\s+/).filter(Boolean), state, node, backend, limit, page_token: token }));
+  const nodeIn = h("input", { name: "node", placeholder: "node", value: node, size: 10 });
+  const backendIn = h("select", { name: "backend" },
+    ["", "container", "microvm", "fullvm"].map(b => h("option", { value: b, selected: b === backend }, b || "any backend")));
   const labelIn = h("input", { name: "label", placeholder: "label key=value …", value: label });
   const stateIn = h("select", { name: "state" },
     ["", "creating", "running", "paused", "lost", "failed", "deleted", "failed,deleted"].map(s =>
       h("option", { value: s, selected: s === state }, s || "live (default)")));
-  const nav = (tok, tr) => "#/sandboxes" + q({ label, state, limit, page_token: tok, trail: tr.join(",") });
+  const nav = (tok, tr) => "#/sandboxes" + q({ label, state, node, backend, limit, page_token: tok, trail: tr.join(",") });
   const rows = (list.sandboxes || []).map(s => h("tr", { "data-test": "sandbox-row", "data-id": s.id },
     h("td", {}, h("a", { href: "#/sandbox/" + encodeURIComponent(s.id), class: "mono" }, s.id)),
     h("td", {}, badge(s.state)), h("td", {}, s.backend), h("td", {}, s.node || "–"),
@@ -167,9 +185,9 @@ async function sandboxes(r) {
     h("form", {
       class: "row", id: "filter", onsubmit: ev => {
         ev.preventDefault();
-        go("#/sandboxes" + q({ label: labelIn.value.trim(), state: stateIn.value, limit }));
+        go("#/sandboxes" + q({ label: labelIn.value.trim(), state: stateIn.value, node: nodeIn.value.trim(), backend: backendIn.value, limit }));
       }
-    }, labelIn, stateIn, h("button", { type: "submit" }, "Filter")),
+    }, labelIn, stateIn, nodeIn, backendIn, h("button", { type: "submit" }, "Filter")),
     h("table", { id: "sandboxes" },
       h("thead", {}, h("tr", {}, ["ID", "State", "Backend", "Node", "Labels"].map(x => h("th", {}, x)),
         h("th", { class: "num" }, "CPU"), h("th", { class: "num" }, "MiB"), h("th", {}, "Created"))),
@@ -220,7 +238,10 @@ async function sandbox(r) {
       })),
       h("div", { class: "card" }, h("h2", {}, "Layers"), s.snapshot ? kv({ snapshot: s.snapshot }) : kv(s.layers || {}))),
   ];
-  if (s.state === "running") out.push(execCard(base), filesCard(base));
+  if (s.state === "running") {
+    if (s.display) out.push(screenCard(base, s.display));
+    out.push(terminalCard(base), execCard(base), processesCard(base), filesCard(base));
+  }
   else out.push(h("p", { class: "muted" }, "Commands and files need a running sandbox."));
   return out;
 }
@@ -232,6 +253,7 @@ function decode(text, enc) {
 
 function execCard(base) {
   const cmd = h("input", { id: "exec-cmd", class: "mono", placeholder: "shell command, e.g. uname -a", size: 60 });
+  const bg = h("input", { type: "checkbox", id: "exec-bg" });
   const out = h("div", { id: "exec-out" });
   return h("div", { class: "card" }, h("h2", {}, "Run a command"),
     h("form", {
@@ -239,6 +261,12 @@ function execCard(base) {
         ev.preventDefault();
         out.replaceChildren(h("span", { class: "muted" }, "running…"));
         try {
+          if (bg.checked) {
+            const r = await call(base + "/exec", { method: "POST", body: { shell: cmd.value, background: true } });
+            out.replaceChildren(h("span", { id: "exec-bg-started" }, "started " + (r.process?.id || "") + " in the background: see Processes"));
+            document.getElementById("proc-reload")?.click();
+            return;
+          }
           const r = await call(base + "/exec", { method: "POST", body: { shell: cmd.value, timeout_ms: 60000 } });
           out.replaceChildren(
             h("div", { class: "row" }, h("span", { id: "exit-code" }, "exit " + r.exit_code), r.signal ? badge(r.signal) : null,
@@ -247,7 +275,8 @@ function execCard(base) {
             h("div", { class: "muted" }, "stderr"), h("pre", { id: "stderr", class: "stderr" }, decode(r.stderr, r.encoding)));
         } catch (e) { out.replaceChildren(errorBox(e)); }
       }
-    }, h("span", { class: "mono" }, "$ /bin/sh -c"), cmd, h("button", { type: "submit" }, "Run")), out);
+    }, h("span", { class: "mono" }, "$ /bin/sh -c"), cmd, h("label", {}, bg, " in the background"),
+      h("button", { type: "submit" }, "Run")), out);
 }
 
 function filesCard(base) {
@@ -301,9 +330,47 @@ async function layers() {
   return [h("h1", {}, "Layers"), h("table", { id: "layers" },
     h("thead", {}, h("tr", {}, ["Ref", "Kind", "Size", "Public", "Digest", "Parents", "Created"].map(x => h("th", {}, x)))),
     h("tbody", {}, (layers || []).map(l => h("tr", { "data-test": "layer-row" },
-      h("td", { class: "mono" }, l.ref), h("td", {}, badge(l.kind)), h("td", { class: "num" }, bytes(l.size)),
+      h("td", {}, h("a", { class: "mono", href: "#/layer/" + encodeURIComponent(l.ref) }, l.ref)), h("td", {}, badge(l.kind)), h("td", { class: "num" }, bytes(l.size)),
       h("td", {}, l.public ? "yes" : ""), h("td", { class: "mono" }, (l.digest || "").slice(0, 19) + "…"),
       h("td", { class: "mono" }, (l.parents || []).map(d => d.slice(7, 19)).join(" → ")), h("td", {}, when(l.created_at))))))];
+}
+
+// layer is one layer's page: what it costs after dedup, what it shares,
+// who runs on it, where it sits among snapshots.
+async function layerPage(r) {
+  const ref = r.args[0];
+  const l = await call("/v1/layers/" + ref.split("/").map(encodeURIComponent).join("/") + q({ usage: 1 }));
+  const u = l.usage || {};
+  const pct = (a, b) => b > 0 ? " (" + Math.round(100 * a / b) + "%)" : "";
+  const node = (n, here) => h("li", {},
+    n.ref ? h("a", { class: "mono", href: "#/layer/" + encodeURIComponent(n.ref) }, n.ref) : h("span", { class: "mono muted" }, n.digest.slice(0, 19) + "…"),
+    n.kind ? [" ", badge(n.kind)] : null, here ? [" ", badge("this layer")] : null,
+    n.children?.length ? h("ul", {}, n.children.map(c => node(c))) : null);
+  // The lineage as one tree: the ancestors, this layer, what stacks on it.
+  let tree = h("li", { "data-test": "lineage-self" }, h("b", { class: "mono" }, l.ref), " ", badge(l.kind), " ", badge("this layer"),
+    u.lineage?.descendants?.length ? h("ul", {}, u.lineage.descendants.map(c => node(c))) : null);
+  for (const a of [...(u.lineage?.ancestors || [])].reverse()) tree = h("li", {}, node(a).childNodes[0], h("ul", {}, tree));
+  return [
+    h("h1", {}, "Layer ", h("span", { class: "mono", id: "layer-ref" }, l.ref), " ", badge(l.kind)),
+    h("div", { class: "grid" },
+      h("div", { class: "card", id: "layer-usage" }, h("h2", {}, "Storage"), kv({
+        digest: l.digest.slice(0, 23) + "…", "image size": bytes(l.size), public: l.public ? "yes" : "no", created: when(l.created_at),
+        "distinct chunks": fmt(u.chunks), "bytes after dedup": bytes(u.dedup_bytes),
+        "stored (compressed)": u.stored_bytes != null ? bytes(u.stored_bytes) : "–",
+        "chunks shared with other layers": fmt(u.shared_chunks) + pct(u.shared_chunks, u.chunks),
+        "bytes shared": bytes(u.shared_bytes), "freed if removed (at most)": bytes((u.dedup_bytes || 0) - (u.shared_bytes || 0)),
+      }), u.truncated ? h("p", { class: "muted" }, "Partial: a bound on layers compared or sandboxes listed was hit.") : null),
+      h("div", { class: "card" }, h("h2", {}, "Snapshot lineage"), h("ul", { class: "tree", id: "lineage" }, tree))),
+    h("div", { class: "grid" },
+      h("div", { class: "card" }, h("h2", {}, "Shares chunks with"),
+        (u.shared_with || []).length ? h("table", { id: "layer-shares" }, h("thead", {}, h("tr", {}, h("th", {}, "Layer"), h("th", { class: "num" }, "Chunks"), h("th", { class: "num" }, "Bytes"))),
+          h("tbody", {}, u.shared_with.map(s => h("tr", { "data-test": "share-row" },
+            h("td", {}, h("a", { class: "mono", href: "#/layer/" + encodeURIComponent(s.ref) }, s.ref)),
+            h("td", { class: "num" }, fmt(s.chunks)), h("td", { class: "num" }, bytes(s.bytes))))))
+          : h("p", { class: "muted" }, "No other layer you can see holds its chunks.")),
+      h("div", { class: "card" }, h("h2", {}, "Live sandboxes on it (" + (u.sandboxes || []).length + ")"),
+        h("ul", { id: "layer-sandboxes" }, (u.sandboxes || []).map(id => h("li", {}, h("a", { class: "mono", href: "#/sandbox/" + encodeURIComponent(id) }, id)))))),
+  ];
 }
 
 // ---- trajectories -----------------------------------------------------------
@@ -333,6 +400,8 @@ async function trajectories(r) {
         h("div", { class: "row" }, h("b", {}, "step " + s.step), badge(s.state),
           s.exit_code != null ? h("span", { "data-test": "step-exit" }, "exit " + s.exit_code) : null,
           dur != null ? h("span", { class: "muted" }, dur + " ms") : null,
+          s.replays ? h("span", { class: "badge replayed", "data-test": "step-replayed", title: "last " + when(s.replayed_at) }, "replayed ×" + s.replays)
+            : h("span", { class: "badge ran", "data-test": "step-ran" }, "ran"),
           cp ? badge("checkpoint") : null),
         h("div", { class: "muted mono" }, "in ", h("a", { href: "#/sandbox/" + encodeURIComponent(s.sandbox) }, s.sandbox),
           " · started " + when(s.started_at) + " · fingerprint " + (s.fingerprint || "").slice(0, 12)));
@@ -396,7 +465,7 @@ async function tenantCard(id) {
 
 function notFound() { return errorBox("No such page."); }
 
-const pages = { signin, overview, sandboxes, sandbox, layers, trajectories, tenants };
+const pages = { signin, overview, sandboxes, sandbox, layers, layer: layerPage, trajectories, tenants };
 
 document.getElementById("signout").addEventListener("click", () => { clearKey(); session.admin = null; go("#/signin"); });
 window.addEventListener("hashchange", render);

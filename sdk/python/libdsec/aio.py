@@ -276,6 +276,14 @@ class AsyncSandbox:
         return (await self.client._json(_ops.jreq("POST", _ops.sb_path(self.id, "ports", str(int(port)), "url"),
                                                   body)))["url"]
 
+    async def terminal_url(self) -> str:
+        """See :meth:`libdsec.Sandbox.terminal_url`."""
+        return (await self.client._json(_ops.jreq("POST", _ops.sb_path(self.id, "terminal", "url"))))["url"]
+
+    async def vnc_url(self) -> str:
+        """See :meth:`libdsec.Sandbox.vnc_url`."""
+        return (await self.client._json(_ops.jreq("POST", _ops.sb_path(self.id, "vnc", "url"))))["url"]
+
     def port_path(self, port: int, path: str = "/") -> str:
         return _ops.sb_path(self.id, "ports", str(int(port))) + ("/" + path.lstrip("/"))
 

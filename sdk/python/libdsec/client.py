@@ -384,6 +384,17 @@ class Sandbox:
             body["ttl_seconds"] = int(ttl_seconds)
         return self.client._json(_ops.jreq("POST", _ops.sb_path(self.id, "ports", str(int(port)), "url"), body))["url"]
 
+    def terminal_url(self) -> str:
+        """A signed ``ws://`` URL of the sandbox's terminal that opens
+        without a key for one minute (for a browser, which cannot set a
+        WebSocket's headers); add ``cmd``/``rows``/``cols`` to its query."""
+        return self.client._json(_ops.jreq("POST", _ops.sb_path(self.id, "terminal", "url")))["url"]
+
+    def vnc_url(self) -> str:
+        """A signed ``ws://`` URL of the sandbox's VNC WebSocket that opens
+        without a key for one minute."""
+        return self.client._json(_ops.jreq("POST", _ops.sb_path(self.id, "vnc", "url")))["url"]
+
     def port_path(self, port: int, path: str = "/") -> str:
         """The API path that proxies HTTP and WebSockets to ``port`` (use
         with the client's key)."""

@@ -55,6 +55,23 @@ class TerminalTest(unittest.TestCase):
             t.read_all()
             self.assertEqual(t.exit_code, 4)
 
+    def test_terminal_url(self):
+        # A signed URL opens the terminal without a key (as a browser does).
+        from urllib.parse import urlsplit
+        from libdsec._terminal import Terminal
+        from libdsec._websocket import WebSocket
+        url = self.sb.terminal_url()
+        self.assertTrue(url.startswith("ws://") and "/terminal?token=" in url, url)
+        u = urlsplit(url)
+        target = u.path + "?" + u.query + "&cmd=/bin/sh&cmd=-c&cmd=echo+signed-$((40%2B2))"
+        with Terminal(WebSocket.connect("http://" + u.netloc, target, {}, 60)) as t:
+            read_until(t, b"signed-42")
+
+        async def run():
+            async with libdsec.AsyncClient() as c:
+                return await c.sandbox(self.sb.id).vnc_url()
+        self.assertIn("/vnc?token=", asyncio.run(run()))
+
     def test_terminal_bad_size(self):
         with self.assertRaises(libdsec.InvalidArgumentError):
             self.sb.terminal(rows=0)
