@@ -21,7 +21,7 @@ GEOMETRY=${GEOMETRY:-1024x768x24}
 # Left out: what Xvfb and xterm never load (Mesa's DRI drivers and LLVM,
 # used for GLX only, which Xvfb then turns off), package tools, and
 # documentation.
-HOST_EXCLUDE=${HOST_EXCLUDE:-'^(perl|perl-base|perl-modules-.*|libperl.*|dpkg|tar|libgl1-mesa-dri|libllvm[0-9]+|libz3-[0-9]+|libicu[0-9]+|libxml2|libsensors.*|libdrm-(amdgpu|nouveau|radeon|intel).*|fonts-.*|fontconfig-config|libfontconfig.*|libfreetype.*|libxft.*)$'}
+HOST_EXCLUDE=${HOST_EXCLUDE:-'^(perl|perl-base|perl-modules-.*|libperl.*|dpkg|tar|libgl1-mesa-dri|libllvm[0-9]+|libz3-[0-9]+|libicu[0-9]+|libxml2|libsensors.*|libdrm-(amdgpu|nouveau|radeon|intel).*|fonts-.*)$'}
 HOST_EXCLUDE_FILES=${HOST_EXCLUDE_FILES:-'^/usr/share/(doc|man|info|locale|lintian|bug|menu|icons|pixmaps|applications)/'}
 DSEC=${DSEC:-$(cd "$(dirname "$0")/.." && pwd)/bin/dsec}
 PUBLIC=${PUBLIC---public}
@@ -39,20 +39,62 @@ wm=""
 for p in matchbox-window-manager openbox jwm icewm; do
 	if installed "$p"; then wm=$p; break; fi
 done
+# The installed packages the wanted ones need, recursively (Depends and
+# Pre-Depends; a virtual package resolves to an installed provider), and
+# their files: read from dpkg's database in one pass (a dpkg call per
+# package takes minutes on a loaded machine).
 # shellcheck disable=SC2086
-pkgs=$(apt-cache depends --recurse --no-recommends --no-suggests --no-conflicts --no-breaks \
-	--no-replaces --no-enhances $HOST_PACKAGES $wm 2>/dev/null | grep -v '^ ' | grep -v '<' | sort -u)
-n=0
-: > "$work/files"
-for p in $pkgs; do
-	installed "$p" || continue
-	[[ $p =~ $HOST_EXCLUDE ]] && continue
-	dpkg -L "$p" | grep -Ev "$HOST_EXCLUDE_FILES" | while read -r f; do
-		if [[ -L "$f" || (-e "$f" && ! -d "$f") ]]; then echo "${f#/}"; fi
-	done >> "$work/files"
-	n=$((n + 1))
-done
-echo "copying $(wc -l < "$work/files") files of $n packages" >&2
+python3 - "$HOST_EXCLUDE" "$HOST_EXCLUDE_FILES" $HOST_PACKAGES $wm > "$work/files" <<'PY'
+import os, re, sys
+exclude, exclude_files, want = re.compile(sys.argv[1]), re.compile(sys.argv[2]), sys.argv[3:]
+pkgs, provides = {}, {}
+for para in open("/var/lib/dpkg/status").read().split("\n\n"):
+    f, key = {}, None
+    for line in para.splitlines():
+        if line[:1] in " \t" and key:
+            f[key] += line
+        elif ":" in line:
+            key, _, v = line.partition(":")
+            f[key] = v.strip()
+    if "install ok installed" not in f.get("Status", ""):
+        continue
+    name = f["Package"]
+    pkgs[name] = f
+    for p in f.get("Provides", "").split(","):
+        if p.strip():
+            provides.setdefault(p.split("(")[0].strip(), name)
+seen, todo = set(), list(want)
+while todo:
+    n = todo.pop()
+    n = n if n in pkgs else provides.get(n)
+    if n is None or n in seen:
+        continue
+    seen.add(n)
+    for field in ("Depends", "Pre-Depends"):
+        for dep in pkgs[n].get(field, "").split(","):
+            alts = [a.split("(")[0].split(":")[0].strip() for a in dep.split("|")]
+            alts = [a for a in alts if a]
+            hit = [a for a in alts if a in pkgs or a in provides]
+            if hit:
+                todo.append(hit[0])
+count = 0
+for n in sorted(seen):
+    if exclude.match(n):
+        continue
+    arch = pkgs[n].get("Architecture", "")
+    for lst in (f"/var/lib/dpkg/info/{n}:{arch}.list", f"/var/lib/dpkg/info/{n}.list"):
+        if os.path.exists(lst):
+            break
+    else:
+        continue
+    count += 1
+    for path in open(lst).read().splitlines():
+        if exclude_files.search(path) or not (os.path.islink(path) or (os.path.exists(path) and not os.path.isdir(path))):
+            continue
+        print(path[1:])
+print(f"{count} packages", file=sys.stderr)
+PY
+echo "copying $(wc -l < "$work/files") files" >&2
 # Files go to their merged-/usr place; /lib and /lib64 become links (the
 # ELF loader's path), /bin and /sbin are left to the base (busybox's, or
 # Debian's own links).
