@@ -12,6 +12,7 @@
 #                      the base SandboxFusion's /run_code runs in
 #   make guest-kernel   fetch the microVM guest kernel (also done by run and test)
 #   make vm-image       build the small bootable vm image the fullvm tests boot (also done by test)
+#   make desktop-image  build and upload desktop:debian-12, a fullvm desktop (network; ~1 h; not in test)
 
 GO      ?= go
 DATA    ?= .dsec
@@ -32,7 +33,7 @@ GUEST_KERNEL_PKG ?= linux-image-cloud-amd64
 GUEST_KERNEL     := bin/guest-kernel
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: all build run test test-unit lint deps tools check-go clean debian-base sandboxfusion-base guest-kernel vm-image
+.PHONY: all build run test test-unit lint deps tools check-go clean debian-base sandboxfusion-base guest-kernel vm-image desktop-image
 
 all: build
 
@@ -80,6 +81,14 @@ vm-image: $(VM_IMAGE)
 
 $(VM_IMAGE): | build
 	./bin/dsec layer build --vm --debootstrap bookworm --output $@
+
+# desktop-image builds the desktop vm layer desktop:debian-12 (Xorg,
+# Openbox, xterm, root logged in on the screen) and uploads it to the
+# running server ($$DSEC_URL, $$DSEC_API_KEY or ./.dsec/admin.key); see
+# examples/build_desktop_image.sh. It needs the network and takes most of
+# an hour: never part of test or CI.
+desktop-image: build
+	examples/build_desktop_image.sh
 
 run: deps build guest-kernel
 	./bin/dsec server --data $(DATA) --listen $(LISTEN)

@@ -89,7 +89,7 @@ func Open(name string) (*Display, error) {
 	setup := xproto.Setup(conn)
 	if setup == nil || len(setup.Roots) == 0 {
 		conn.Close()
-		return nil, fmt.Errorf("X display %s has no screen", name)
+		return nil, fmt.Errorf("display %s has no screen", name)
 	}
 	s := setup.DefaultScreen(conn)
 	return &Display{
@@ -116,7 +116,7 @@ func (d *Display) Screenshot() ([]byte, error) {
 		r, err := xproto.GetImage(d.conn, xproto.ImageFormatZPixmap, xproto.Drawable(d.root),
 			0, int16(y), uint16(w), uint16(bh), 0xffffffff).Reply()
 		if err != nil {
-			return nil, fmt.Errorf("X GetImage: %w", err)
+			return nil, fmt.Errorf("x11 GetImage: %w", err)
 		}
 		if err := d.copyBand(img, r, y, bh); err != nil {
 			return nil, err
@@ -134,11 +134,11 @@ func (d *Display) Screenshot() ([]byte, error) {
 // pixel, the layout of every TrueColor X server in use) into img.
 func (d *Display) copyBand(img *image.RGBA, r *xproto.GetImageReply, y0, rows int) error {
 	if r.Depth != 24 && r.Depth != 32 {
-		return fmt.Errorf("X screen depth %d is not supported (24 or 32 only)", r.Depth)
+		return fmt.Errorf("screen depth %d is not supported (24 or 32 only)", r.Depth)
 	}
 	w := d.size.Width
 	if len(r.Data) < w*rows*4 {
-		return fmt.Errorf("X GetImage: %d bytes for %dx%d pixels at 32 bpp", len(r.Data), w, rows)
+		return fmt.Errorf("x11 GetImage: %d bytes for %dx%d pixels at 32 bpp", len(r.Data), w, rows)
 	}
 	msb := d.setup.ImageByteOrder == xproto.ImageOrderMSBFirst
 	for y := range rows {
@@ -173,7 +173,7 @@ func (d *Display) Do(ctx context.Context, steps []screen.Step) error {
 	}
 	fake := func(typ, detail byte, x, y int) error {
 		if err := xtest.FakeInputChecked(d.conn, typ, detail, 0, d.root, int16(x), int16(y), 0).Check(); err != nil {
-			return fmt.Errorf("X FakeInput: %w", err)
+			return fmt.Errorf("x11 FakeInput: %w", err)
 		}
 		return nil
 	}
@@ -236,7 +236,7 @@ func (d *Display) keycodes() (map[xproto.Keysym]xproto.Keycode, error) {
 	lo, hi := d.setup.MinKeycode, d.setup.MaxKeycode
 	r, err := xproto.GetKeyboardMapping(d.conn, lo, byte(hi-lo+1)).Reply()
 	if err != nil {
-		return nil, fmt.Errorf("X GetKeyboardMapping: %w", err)
+		return nil, fmt.Errorf("x11 GetKeyboardMapping: %w", err)
 	}
 	per := int(r.KeysymsPerKeycode)
 	out := make(map[xproto.Keysym]xproto.Keycode)
