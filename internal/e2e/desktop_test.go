@@ -65,7 +65,7 @@ func isInvalid(err error) bool {
 // screen changes; bad input is 400; a reset brings the desktop back; a
 // container without an X server has no screen; nothing is left behind.
 func TestDesktopContainer(t *testing.T) {
-	testutil.Require(t, testutil.Tool("Xvfb"), testutil.Tool("xterm"), testutil.Tool("apt-cache"))
+	testutil.Require(t, testutil.Tool("Xvfb"), testutil.Tool("xterm"), testutil.Tool("python3"), testutil.Tool("dpkg-query"))
 	s := startServer(t)
 	c := s.Client
 	ctx, cancel := context.WithTimeout(context.Background(), 80*time.Second)
