@@ -22,11 +22,11 @@ func (e *Edge) display(id string) (backend.Display, error) {
 	if err != nil {
 		return nil, err
 	}
-	if d, ok := sb.backend.(backend.Display); ok {
+	if d, ok := sb.backend.(backend.Display); ok && sb.spec.Backend == api.BackendFullVM {
 		return d, nil
 	}
-	// A container's screen is its own X server's, if a layer runs one:
-	// the agent serves it.
+	// A container's (or a microVM's) screen is its own X server's, if a
+	// layer runs one: the agent serves it.
 	return agentDisplay{sb.agent}, nil
 }
 
