@@ -22,7 +22,7 @@ func (e *Edge) display(id string) (backend.Display, error) {
 	if err != nil {
 		return nil, err
 	}
-	if d, ok := sb.backend.(backend.Display); ok && sb.spec.Backend == api.BackendFullVM {
+	if d, ok := sb.backend.(backend.Display); ok && sb.backend.Name() == api.BackendFullVM {
 		return d, nil
 	}
 	// A container's (or a microVM's) screen is its own X server's, if a
