@@ -13,6 +13,7 @@
 #   make guest-kernel   fetch the microVM guest kernel (also done by run and test)
 #   make vm-image       build the small bootable vm image the fullvm tests boot (also done by test)
 #   make desktop-image  build and upload desktop:debian-12, a fullvm desktop (network; ~1 h; not in test)
+#   make e2b-proto      regenerate the E2B envd Connect code (committed) from its .proto files
 
 GO      ?= go
 DATA    ?= .dsec
@@ -33,7 +34,7 @@ GUEST_KERNEL_PKG ?= linux-image-cloud-amd64
 GUEST_KERNEL     := bin/guest-kernel
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: all build run test test-unit lint deps tools check-go clean debian-base sandboxfusion-base guest-kernel vm-image desktop-image
+.PHONY: all build run test test-unit lint deps tools check-go clean debian-base sandboxfusion-base guest-kernel vm-image e2b-proto desktop-image
 
 all: build
 
@@ -47,6 +48,8 @@ deps:
 		echo "installing:$$missing"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
+	@# npm for the E2B SDK test, unless a Node.js with its own npm is there.
+	@command -v npm >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm; }
 
 # tools builds the Go tools tests need, once.
 tools: check-go
@@ -95,7 +98,7 @@ run: deps build guest-kernel
 
 test: deps tools build guest-kernel vm-image
 	$(GO) vet ./...
-	$(GO) test -count=1 -timeout 30m ./...
+	$(GO) test -count=1 -timeout 25m ./...
 	cd deploy && DSEC_BIN=$(CURDIR)/bin/dsec $(GO) test -count=1 ./...
 
 # test-unit runs every test that needs neither root, a tool beyond Go nor
@@ -126,6 +129,17 @@ debian-base: deps build
 # debootstrap; same DATA and LISTEN as `make run`.
 sandboxfusion-base: deps build
 	DSEC_URL=http://$(LISTEN) DSEC_API_KEY=$$(cat $(DATA)/admin.key) examples/build_sandboxfusion_base.sh
+
+# e2b-proto regenerates internal/compat/e2b/envdpb (committed; never run
+# by build or test). Needs protoc (apt: protobuf-compiler); the two Go
+# plugins are built into bin/ at the versions go.mod pins.
+E2B_PROTO := internal/compat/e2b/envdpb
+e2b-proto: check-go
+	@command -v protoc >/dev/null || { echo "needs protoc (apt-get install protobuf-compiler)"; exit 1; }
+	GOBIN=$(CURDIR)/bin $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go connectrpc.com/connect/cmd/protoc-gen-connect-go
+	PATH=$(CURDIR)/bin:$$PATH protoc -I $(E2B_PROTO) --go_out=$(E2B_PROTO) --go_opt=paths=source_relative \
+		--connect-go_out=$(E2B_PROTO) --connect-go_opt=paths=source_relative \
+		process/process.proto filesystem/filesystem.proto
 
 clean:
 	rm -rf bin

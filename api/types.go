@@ -400,6 +400,24 @@ type NodeLoad struct {
 	// DiskFull says that filesystem's free space is down to the reserve
 	// the node keeps (5%, at least 1 GiB): it takes no new sandbox.
 	DiskFull bool `json:"disk_full,omitempty"`
+	// BlankPool is the node's pool of blank container sandboxes that
+	// creates claim; absent when the pool is off.
+	BlankPool *BlankPool `json:"blank_pool,omitempty"`
+}
+
+// BlankPool describes a node's pool of pre-started blank container
+// sandboxes (dsec server --container-pool).
+type BlankPool struct {
+	// Size is the blank sandboxes ready to claim; Target what the pool
+	// refills toward (the eligible creates of the last window, between
+	// the pool's minimum and Max).
+	Size   int `json:"size"`
+	Target int `json:"target"`
+	Max    int `json:"max"`
+	// Claims counts creates served from the pool; Misses eligible creates
+	// that found it empty (or whose claim failed) and started cold.
+	Claims uint64 `json:"claims"`
+	Misses uint64 `json:"misses"`
 }
 
 // NodeList is the body of GET /v1/nodes.

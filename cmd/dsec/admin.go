@@ -153,6 +153,12 @@ func nodeCmd(ctx context.Context, args []string) error {
 		if err := tw.Flush(); err != nil {
 			return err
 		}
+		for _, n := range nl.Nodes {
+			if p := n.Load.BlankPool; p != nil {
+				fmt.Printf("%s: blank sandbox pool %d ready (target %d, max %d); %d creates claimed one, %d missed\n",
+					n.ID, p.Size, p.Target, p.Max, p.Claims, p.Misses)
+			}
+		}
 		if a := nl.Admission; a != nil {
 			fmt.Printf("admission queue: %d creates waiting for busy nodes (%d tenants, oldest %s); since start %d admitted after waiting, %d timed out, %d left\n",
 				a.Waiting, a.Tenants, (time.Duration(a.OldestWaitMs) * time.Millisecond).Round(time.Millisecond/10), a.Admitted, a.TimedOut, a.Left)

@@ -17,7 +17,7 @@ import (
 
 func benchCmd(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return errors.New("usage: dsec bench create|density|fork|reset|seccomp|fncall|runcode|batch|trajectory|image|microvm|fullvm|cluster|soak [flags]")
+		return errors.New("usage: dsec bench create|exec|density|fork|reset|seccomp|fncall|runcode|batch|trajectory|image|microvm|fullvm|cluster|soak [flags]")
 	}
 	sub, args := args[0], args[1:]
 	fs := flag.NewFlagSet("dsec bench "+sub, flag.ContinueOnError)
@@ -39,6 +39,17 @@ func benchCmd(ctx context.Context, args []string) error {
 		}
 		cfg.Client = newClient()
 		return bench.Create(ctx, cfg)
+	case "exec":
+		cfg := bench.ExecConfig{Out: os.Stdout}
+		fs.StringVar(&cfg.Base, "base", "base:minimal", "base layer")
+		fs.IntVar(&cfg.N, "n", 2000, "warm execs per measure")
+		fs.Float64Var(&cfg.CPU, "cpu", 1, "cpu of the sandbox")
+		fs.StringVar(&cfg.DataDir, "data", defaultDataDir(), "the all-in-one server's data directory, for the direct agent call (\"\": skip it)")
+		if _, _, err := parseArgs(fs, args); err != nil {
+			return err
+		}
+		cfg.Client = newClient()
+		return bench.Exec(ctx, cfg)
 	case "fork":
 		cfg := bench.ForkConfig{Out: os.Stdout}
 		fs.StringVar(&cfg.Base, "base", "base:minimal", "base layer")

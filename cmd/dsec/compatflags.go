@@ -14,6 +14,10 @@ import (
 type compatFlags struct {
 	fusionPrefix string
 	fusionLayers layerFlag
+	e2bOff       bool
+	e2bTemplates templateFlag
+	e2bDomain    string
+	e2bMemoryMB  int64
 }
 
 func (c *compatFlags) register(fs *flag.FlagSet) {
@@ -22,12 +26,46 @@ func (c *compatFlags) register(fs *flag.FlagSet) {
 	c.fusionLayers = layerFlag{Base: server.DefaultFusionBase}
 	fs.Var(&c.fusionLayers, "sandboxfusion-layers",
 		"layers of the sandboxes /run_code runs in: base=REF[,workspace=REF][,toolkit=REF] (make sandboxfusion-base builds "+server.DefaultFusionBase+")")
+	fs.BoolVar(&c.e2bOff, "no-e2b", false, "do not serve E2B's API (/sandboxes, /v2/sandboxes and envd by E2b-Sandbox-Id) beside /v1")
+	fs.Var(&c.e2bTemplates, "e2b-templates",
+		"E2B template ids and the base layers they create: NAME=REF[,NAME=REF...] (default base=debian:12; an unlisted template is taken as a layer ref)")
+	fs.Int64Var(&c.e2bMemoryMB, "e2b-memory-mb", 0, "memory limit of the sandboxes E2B creates (0: the server's default)")
+	fs.StringVar(&c.e2bDomain, "e2b-domain", "", "the sandbox domain E2B clients are told (for getHost: PORT-ID.DOMAIN must resolve to this server)")
 }
 
 func (c *compatFlags) config() server.CompatConfig {
 	cfg := server.CompatConfig{FusionPrefix: c.fusionPrefix}
 	cfg.Fusion.Layers = api.LayerRefs(c.fusionLayers)
+	cfg.E2BOff, cfg.E2B.Templates, cfg.E2B.Domain = c.e2bOff, c.e2bTemplates, c.e2bDomain
+	cfg.E2B.Resources.MemoryMB = c.e2bMemoryMB
 	return cfg
+}
+
+// templateFlag is an E2B template table: NAME=REF,NAME=REF.
+type templateFlag map[string]api.LayerRefs
+
+func (t *templateFlag) String() string {
+	if t == nil || *t == nil {
+		return ""
+	}
+	var parts []string
+	for k, v := range *t {
+		parts = append(parts, k+"="+v.Base)
+	}
+	return strings.Join(parts, ",")
+}
+
+func (t *templateFlag) Set(v string) error {
+	m := map[string]api.LayerRefs{}
+	for part := range strings.SplitSeq(v, ",") {
+		name, ref, ok := strings.Cut(strings.TrimSpace(part), "=")
+		if !ok || name == "" || ref == "" {
+			return fmt.Errorf("e2b template %q: want NAME=LAYER-REF", part)
+		}
+		m[name] = api.LayerRefs{Base: ref}
+	}
+	*t = m
+	return nil
 }
 
 // layerFlag is a layer stack written base=REF,workspace=REF,toolkit=REF.

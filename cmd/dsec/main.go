@@ -32,6 +32,7 @@ Client side (DSEC_URL, DSEC_API_KEY or --url, --key):
   dsec key create|ls|rm
   dsec fncall [flags] -- CMD...    one call on a warm pool; also: dsec fncall pools|warm
   dsec node ls|get|drain|undrain
+  dsec swerex create [--base …]   a sandbox for SWE-agent's RemoteDeployment; prints its host URL
   dsec bench create|reset|seccomp|fncall|batch|trajectory|image|microvm|cluster|soak
 
 Run "dsec COMMAND -h" for a command's flags.
@@ -96,6 +97,8 @@ func run(ctx context.Context, args []string) error {
 		return fncallCmd(ctx, rest)
 	case "bench":
 		return benchCmd(ctx, rest)
+	case "swerex":
+		return swerexCmd(ctx, rest)
 	case "help", "-h", "--help":
 		fmt.Print(usage)
 		return nil
@@ -190,6 +193,7 @@ func printErrorCode(err error) error {
 var groups = map[string]func(context.Context, []string) error{
 	"sandbox": sandboxCmd, "sb": sandboxCmd, "layer": layerCmd, "trajectory": trajectoryCmd,
 	"traj": trajectoryCmd, "tenant": tenantCmd, "key": keyCmd, "node": nodeCmd, "bench": benchCmd,
+	"swerex": swerexCmd,
 }
 
 // groupUsage prints a command group's usage, for dsec X --help.

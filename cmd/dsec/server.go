@@ -40,6 +40,7 @@ type nodeFlags struct {
 	cgroupParent string
 	maxFileBytes int64
 	uidBase      uint
+	pool         container.PoolConfig
 	net          netFlags
 	cpu          float64
 	memoryMB     int64
@@ -60,6 +61,9 @@ func (n *nodeFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&n.cgroupParent, "cgroup-parent", "dsec", "cgroup under which sandboxes' cgroups are made")
 	fs.Int64Var(&n.maxFileBytes, "max-file-bytes", 100<<20, "largest file a sandbox's files API reads or writes")
 	fs.UintVar(&n.uidBase, "uid-base", 1<<24, "first host uid of the sandboxes' id ranges (65536 ids each)")
+	fs.IntVar(&n.pool.Max, "container-pool", 0, "most blank container sandboxes kept started for creates to claim, at about a reset's cost (0: off)")
+	fs.IntVar(&n.pool.Min, "container-pool-min", 2, "blank container sandboxes kept even without demand (with --container-pool)")
+	fs.DurationVar(&n.pool.Window, "container-pool-window", time.Minute, "the pool refills toward the creates of this last window (with --container-pool)")
 	n.net.register(fs)
 	fs.Float64Var(&n.cpu, "cpu", 0, "cores this node offers (default: all)")
 	fs.Int64Var(&n.memoryMB, "memory-mb", 0, "memory this node offers, MB (default: 90% of RAM, leaving at least 512 MB)")
@@ -142,7 +146,7 @@ func (n *nodeFlags) startEdge(ctx context.Context, dataDir string, layers edge.L
 	cb, err := container.New(container.Config{
 		Root: filepath.Join(dataDir, "container"), Runc: n.runc, AgentPath: agent, Logger: log,
 		CgroupParent: n.cgroupParent, MaxFileBytes: n.maxFileBytes, UIDBase: uint32(n.uidBase),
-		Network: netCfg,
+		Network: netCfg, Pool: n.pool,
 	})
 	if err != nil {
 		return nil, nil, err

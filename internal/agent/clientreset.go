@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -24,8 +25,9 @@ var ErrNoReset = errors.New("agent cannot reset in place")
 // sandbox in place onto root, a detached mount it receives with the
 // request (SCM_RIGHTS). When it returns nil, the agent has killed every
 // process and switched roots, and is re-executing: the next connection
-// reaches the new agent. conn is closed.
-func ResetRoot(ctx context.Context, conn net.Conn, root int) (*ResetResult, error) {
+// reaches the new agent. conn is closed. id, if not nil, is the identity
+// the sandbox takes on (a blank sandbox of the pool becoming a tenant's).
+func ResetRoot(ctx context.Context, conn net.Conn, root int, id *Identity) (*ResetResult, error) {
 	defer conn.Close()
 	uc, ok := conn.(*net.UnixConn)
 	if !ok {
@@ -38,7 +40,15 @@ func ResetRoot(ctx context.Context, conn net.Conn, root int) (*ResetResult, erro
 	}
 	stop := context.AfterFunc(ctx, func() { uc.SetDeadline(time.Now()) })
 	defer stop()
-	req := "POST /reset HTTP/1.1\r\nHost: " + agentHost + "\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+	var body []byte
+	if id != nil {
+		var err error
+		if body, err = json.Marshal(id); err != nil {
+			return nil, fmt.Errorf("reset: %w", err)
+		}
+	}
+	req := "POST /reset HTTP/1.1\r\nHost: " + agentHost + "\r\nContent-Length: " + strconv.Itoa(len(body)) +
+		"\r\nConnection: close\r\n\r\n" + string(body)
 	if _, _, err := uc.WriteMsgUnix([]byte(req), unix.UnixRights(root), nil); err != nil {
 		return nil, fmt.Errorf("reset: send: %w", err)
 	}
@@ -47,7 +57,7 @@ func ResetRoot(ctx context.Context, conn net.Conn, root int) (*ResetResult, erro
 		return nil, fmt.Errorf("reset: %w", err)
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	body, err = io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if err != nil {
 		return nil, fmt.Errorf("reset: %w", err)
 	}

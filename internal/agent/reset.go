@@ -4,11 +4,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
 	"runtime"
 	"strconv"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -34,6 +36,18 @@ type Carried struct {
 	Files    FileRules `json:"files"`
 	Filtered bool      `json:"filtered"`
 }
+
+// Identity is what a reset may give the sandbox besides a new root: its
+// host name and the environment the agent, and so every command, runs
+// with. A blank sandbox of the node's pool takes on a tenant sandbox's
+// identity this way when it is claimed; a plain reset keeps its own.
+type Identity struct {
+	Hostname string   `json:"hostname"`
+	Env      []string `json:"env"`
+}
+
+// maxIdentityBytes bounds a reset request's body.
+const maxIdentityBytes = 1 << 20
 
 // killWait bounds how long a reset waits for the sandbox's processes to
 // die after SIGKILL (a process in uninterruptible sleep).
@@ -71,6 +85,20 @@ func (s *Server) handleReset(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	root, log, t0 := fds[0], logger(r), time.Now()
+	var ident *Identity
+	if r.ContentLength != 0 {
+		ident = &Identity{}
+		if err := json.NewDecoder(io.LimitReader(r.Body, maxIdentityBytes)).Decode(ident); err != nil {
+			unix.Close(root)
+			s.writeError(w, r, errdefs.Invalid("reset: identity: %v", err))
+			return
+		}
+		if err := ident.check(); err != nil {
+			unix.Close(root)
+			s.writeError(w, r, err)
+			return
+		}
+	}
 	s.reaper.hold(true) // waits for a fork in flight
 	s.policyMu.Lock()
 	if s.spawner != nil {
@@ -121,6 +149,14 @@ func (s *Server) handleReset(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, fmt.Errorf("reset: %w", err))
 		return
 	}
+	if ident != nil {
+		// Before the re-exec, which takes the environment along; the host
+		// name is the UTS namespace's, which the agent owns.
+		if err := ident.apply(); err != nil {
+			s.writeError(w, r, fmt.Errorf("reset: %w", err))
+			return
+		}
+	}
 	log.Info("reset", "killed", killed, "duration", time.Since(t0))
 	// A complete response (a length, not chunks) before exec cuts the
 	// connection.
@@ -132,6 +168,32 @@ func (s *Server) handleReset(w http.ResponseWriter, r *http.Request) {
 	_ = http.NewResponseController(w).Flush()
 	close(proceed)
 	select {} // the re-exec ends this process image
+}
+
+func (id *Identity) check() error {
+	if id.Hostname == "" || len(id.Hostname) > 64 {
+		return errdefs.Invalid("reset: identity: a host name of 1 to 64 bytes, got %q", id.Hostname)
+	}
+	for _, kv := range id.Env {
+		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" || strings.ContainsRune(kv, 0) {
+			return errdefs.Invalid("reset: identity: bad environment entry %q", kv)
+		}
+	}
+	return nil
+}
+
+func (id *Identity) apply() error {
+	if err := unix.Sethostname([]byte(id.Hostname)); err != nil {
+		return fmt.Errorf("set host name: %w", err)
+	}
+	os.Clearenv()
+	for _, kv := range id.Env {
+		k, v, _ := strings.Cut(kv, "=")
+		if err := os.Setenv(k, v); err != nil {
+			return fmt.Errorf("environment: %w", err)
+		}
+	}
+	return nil
 }
 
 // killAll kills every process of the PID namespace but the caller (PID 1:

@@ -48,13 +48,23 @@ func Create(ctx context.Context, cfg CreateConfig) error {
 	fmt.Fprintf(w, "dsec bench create: base %s, network %s, %d sequential, %d parallel (%d at a time), %d warm execs\n\n",
 		cfg.Base, cmp.Or(cfg.Network, api.NetworkNone), cfg.Sequential, cfg.Parallel, cfg.Concurrency, cfg.Execs)
 
+	warmPool(ctx, cfg.Client, w)
 	seq, err := cycles(ctx, cfg, cfg.Sequential, 1)
 	if err != nil {
 		return err
 	}
+	warmPool(ctx, cfg.Client, w)
 	par, err := cycles(ctx, cfg, cfg.Parallel, cfg.Concurrency)
 	if err != nil {
 		return err
+	}
+	if nl, err := cfg.Client.NodeList(ctx); err == nil {
+		for _, n := range nl.Nodes {
+			if p := n.Load.BlankPool; p != nil {
+				fmt.Fprintf(w, "node %s blank sandbox pool: %d ready, target %d, max %d; %d creates claimed, %d missed (as of its last heartbeat)\n\n",
+					n.ID, p.Size, p.Target, p.Max, p.Claims, p.Misses)
+			}
+		}
 	}
 	warm, err := warmExecs(ctx, cfg)
 	if err != nil {
@@ -92,6 +102,37 @@ func Create(ctx context.Context, cfg CreateConfig) error {
 	fmt.Fprintf(w, "parallel sandboxes/s vs runc runs/s: %.2f×\n",
 		(float64(par.n)/par.wall.Seconds())/(float64(cfg.Parallel)/bpwall.Seconds()))
 	return nil
+}
+
+// warmPool waits (up to 30 s) until every node's blank sandbox pool is at
+// its target, as its heartbeats report it: a node that saw demand a moment
+// ago. Without a pool it returns at once.
+func warmPool(ctx context.Context, c *client.Client, w io.Writer) {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		nl, err := c.NodeList(ctx)
+		if err != nil {
+			return
+		}
+		cold := ""
+		for _, n := range nl.Nodes {
+			if p := n.Load.BlankPool; p != nil && p.Size < p.Target {
+				cold = fmt.Sprintf("node %s's pool %d/%d", n.ID, p.Size, p.Target)
+			}
+		}
+		if cold == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			fmt.Fprintf(w, "(went on with %s after 30s)\n", cold)
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
 }
 
 type stats struct{ p50, p99 time.Duration }

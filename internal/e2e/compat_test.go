@@ -24,7 +24,7 @@ const compatBase = "sfbase:test"
 func TestCompat(t *testing.T) {
 	testutil.Require(t, testutil.Tool("python3"), testutil.Tool("g++"), testutil.Tool("bash"), testutil.Tool("apt-cache"))
 	s := startServer(t, "--fncall-window", "1s", "--fncall-idle", "1s",
-		"--sandboxfusion-layers", "base="+compatBase)
+		"--sandboxfusion-layers", "base="+compatBase, "--e2b-templates", "base="+compatBase)
 	build := exec.Command("bash", filepath.Join(testutil.RepoRoot(), "examples", "build_sandboxfusion_base.sh"), "--from-host")
 	build.Env = append(os.Environ(), "DSEC_URL="+s.URL, "DSEC_API_KEY="+s.Key, "NAME="+compatBase,
 		"DSEC="+filepath.Join(testutil.Binaries(t), "dsec"))
@@ -32,6 +32,9 @@ func TestCompat(t *testing.T) {
 		t.Fatalf("build the toolchain base: %v\n%s", err, out)
 	}
 	t.Run("SandboxFusion", func(t *testing.T) { testFusion(t, s) })
+	t.Run("SWE-ReX", func(t *testing.T) { testSwerexBash(t, s) })
+	t.Run("E2B", func(t *testing.T) { testE2BAPI(t, s) })
+	t.Run("E2BSDK", func(t *testing.T) { testE2BSDK(t, s) })
 	waitNoPools(t, s.Client)
 	deleteAll(t, s.Client)
 	testutil.RequireNoSandboxLeft(t, s)

@@ -42,6 +42,11 @@ func (m *loadMeter) measure(ctx context.Context, backends []backend.Backend) api
 	}
 	var sbCPU float64
 	for _, b := range backends {
+		if p, ok := b.(blankPooler); ok {
+			if st := p.PoolStats(); st.Max > 0 {
+				l.BlankPool = &st
+			}
+		}
 		if ur, ok := b.(backend.UsageReporter); ok {
 			if u, err := ur.Usage(ctx); err == nil {
 				sbCPU += u.CPUSeconds
@@ -55,6 +60,12 @@ func (m *loadMeter) measure(ctx context.Context, backends []backend.Backend) api
 	l.MemoryMB = usedMemoryMB()
 	m.at, m.busy, m.total, m.sandboxCPU, m.last = now, busy, total, sbCPU, l
 	return l
+}
+
+// blankPooler is a backend with a pool of blank sandboxes (the container
+// backend's --container-pool).
+type blankPooler interface {
+	PoolStats() api.BlankPool
 }
 
 // procStat reads the busy and total jiffies of all CPUs.

@@ -178,3 +178,19 @@ func createOverlayLocked(r Range, lowers []int, upper, work int) (int, error) {
 	}
 	return fs, nil
 }
+
+// ReadOnlyTree returns a detached, read-only clone of the directory (or
+// mount) at path, idmapped with userns: the root a blank sandbox starts
+// on before it takes its own layers.
+func ReadOnlyTree(path string, userns *os.File) (int, error) {
+	fd, err := idmapped(path, userns)
+	if err != nil {
+		return -1, err
+	}
+	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOSUID}
+	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, &attr); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("read-only %s: %w", path, err)
+	}
+	return fd, nil
+}

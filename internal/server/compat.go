@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/compat/e2b"
 	"github.com/dsec-project/dsec/internal/compat/fusion"
 	"github.com/dsec-project/dsec/internal/fncall"
 )
@@ -24,6 +25,10 @@ type CompatConfig struct {
 	// Fusion configures it (its layers are those of the sandboxes calls
 	// run in).
 	Fusion fusion.Config
+	// E2B configures E2B's API (its template table: nil is
+	// DefaultE2BTemplates); E2BOff turns it off.
+	E2B    e2b.Config
+	E2BOff bool
 }
 
 // Defaults of CompatConfig.
@@ -107,6 +112,7 @@ func (l *leasedBox) Release(clean bool) { l.s.fncall.Release(l.lease, clean) }
 // compatRoutes mounts the compatibility surfaces on mux.
 func (s *Server) compatRoutes(mux *routeMux) {
 	b := compatBackend{s}
+	s.swerexRoutes(mux)
 	c := s.cfg.Compat
 	if c.FusionPrefix == "" {
 		c.FusionPrefix = DefaultFusionPrefix

@@ -182,7 +182,7 @@ func TestOpenAPISchemas(t *testing.T) {
 		"BuildOutput": api.BuildOutput{}, "BuildResult": api.BuildResult{}, "BuildError": api.BuildError{},
 		"Tenant": api.Tenant{}, "Quota": api.Quota{}, "Usage": api.Usage{}, "TenantList": api.TenantList{},
 		"CreateTenantRequest": api.CreateTenantRequest{}, "APIKey": api.APIKey{}, "APIKeyList": api.KeyList{},
-		"CreateKeyRequest": api.CreateKeyRequest{}, "Node": api.Node{}, "NodeLoad": api.NodeLoad{},
+		"CreateKeyRequest": api.CreateKeyRequest{}, "Node": api.Node{}, "NodeLoad": api.NodeLoad{}, "BlankPool": api.BlankPool{},
 		"NodeList": api.NodeList{}, "Admission": api.Admission{}, "Heartbeat": edge.Heartbeat{}, "HeartbeatReply": edge.HeartbeatReply{},
 	}
 	// Bodies the handlers write as maps, with no Go type to hold them to.

@@ -207,6 +207,18 @@ func (s *Server) sandboxFor(ctx context.Context, id string) (store.Sandbox, erro
 
 // liveSandbox loads a sandbox that can take commands.
 func (s *Server) liveSandbox(ctx context.Context, id string) (store.Sandbox, *node, error) {
+	// A cached route is a running sandbox's record of at most routeTTL
+	// ago, dropped by every write of it through this server.
+	if sb, ok := s.routes.get(id); ok && sb.Tenant == principalFrom(ctx).Tenant {
+		if waited, err := s.gates.wait(ctx, id); err != nil {
+			return sb, nil, err
+		} else if !waited {
+			if n, err := s.nodes.get(sb.API.Node); err == nil {
+				return sb, n, nil
+			}
+		}
+	}
+	gen := s.routes.generation()
 	sb, err := s.sandboxFor(ctx, id)
 	if err != nil {
 		return sb, nil, err
@@ -225,6 +237,9 @@ func (s *Server) liveSandbox(ctx context.Context, id string) (store.Sandbox, *no
 		return sb, nil, err
 	}
 	n, err := s.nodes.get(sb.API.Node)
+	if err == nil {
+		s.routes.put(sb, gen)
+	}
 	return sb, n, err
 }
 

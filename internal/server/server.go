@@ -114,6 +114,7 @@ type Server struct {
 	metrics *metrics
 	stats   statsRing // the dashboard's last hour of rates
 	nodes   *registry
+	routes  *routes // running sandboxes' records for the commands' path
 	fncall  *fncall.Manager
 	layers  layerCache
 
@@ -183,10 +184,12 @@ func New(cfg Config) *Server {
 	if cfg.NewNodeClient == nil {
 		cfg.NewNodeClient = edge.NewClient
 	}
+	routes := newRoutes()
 	s := &Server{
 		urlKey:  cfg.URLSigningKey,
 		cfg:     cfg,
-		store:   cfg.Store,
+		store:   routeStore{Store: cfg.Store, routes: routes},
+		routes:  routes,
 		sched:   cfg.Scheduler,
 		auth:    &authenticator{store: cfg.Store, ttl: 10 * time.Second, cache: map[string]cachedKey{}},
 		log:     cfg.Logger,
@@ -200,6 +203,7 @@ func New(cfg Config) *Server {
 		admission: admission.New(admissionPoll),
 	}
 	s.registerAdmissionMetrics()
+	s.registerBlankPoolMetrics()
 	if len(s.urlKey) == 0 {
 		s.urlKey = make([]byte, 32)
 		rand.Read(s.urlKey)
@@ -349,6 +353,7 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle("/", s.instrument("unmatched", func(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, r, errdefs.NotFound("no route %s %s", r.Method, r.URL.Path))
 	}))
+	s.withE2B(mux)
 	return mux
 }
 

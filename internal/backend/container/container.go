@@ -60,7 +60,9 @@ type Config struct {
 	MaxSandboxes int
 	// Network, if set, gives sandboxes network modes allowlist and open.
 	Network *NetworkConfig
-	Logger  *slog.Logger
+	// Pool, if Max > 0, keeps blank sandboxes for creates to claim.
+	Pool   PoolConfig
+	Logger *slog.Logger
 }
 
 // defaultDiskMB is the writable layer's size when the spec says nothing.
@@ -76,6 +78,7 @@ type Backend struct {
 	disks   *disk.Templates
 	nets    netState
 	userns  usernsCache
+	pool    *pool // nil: off
 	log     *slog.Logger
 
 	mu        sync.Mutex
@@ -172,6 +175,10 @@ func New(cfg Config) (*Backend, error) {
 			return nil, fmt.Errorf("container backend: %w", err)
 		}
 	}
+	if cfg.Pool.Max > 0 {
+		b.pool = newPool(cfg.Pool)
+		go b.refill()
+	}
 	return b, nil
 }
 
@@ -267,6 +274,11 @@ func (b *Backend) dir(id string) string { return filepath.Join(b.cfg.Root, "sand
 func (b *Backend) Create(ctx context.Context, spec backend.Spec) (err error) {
 	if spec.ID == "" || filepath.Base(spec.ID) != spec.ID || len(spec.Layers) == 0 {
 		return errdefs.Invalid("sandbox spec needs an id and at least one layer")
+	}
+	if b.eligible(spec) {
+		if done, err := b.createPooled(ctx, spec); done {
+			return err
+		}
 	}
 	dir := b.dir(spec.ID)
 	if err := os.Mkdir(dir, 0o700); err != nil {
@@ -558,6 +570,7 @@ func (b *Backend) State(ctx context.Context, id string) (string, error) {
 // sandbox's cgroup, so sandboxes that outlive the edge keep theirs, and
 // the next start makes it again).
 func (b *Backend) Close() error {
+	b.drainPool()
 	dirs, _ := filepath.Glob(filepath.Join(cgroupRoot, "*", b.cfg.CgroupParent))
 	for _, d := range append(dirs, filepath.Join(cgroupRoot, b.cfg.CgroupParent)) {
 		unix.Rmdir(d) // EBUSY: sandboxes live on; ENOENT/ENOTDIR: none here

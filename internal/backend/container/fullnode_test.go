@@ -204,8 +204,10 @@ func leaks(t *testing.T, b *Backend, root, cgroupParent string) []string {
 	for _, mp := range mountsUnder(t, root) {
 		out = append(out, "mount "+mp)
 	}
-	for _, mp := range startNSMounts(t, b, root) {
-		out = append(out, "mount in the start namespace "+mp)
+	if b.startNS.fd >= 0 { // not closed yet
+		for _, mp := range startNSMounts(t, b, root) {
+			out = append(out, "mount in the start namespace "+mp)
+		}
 	}
 	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
 	for _, f := range files {

@@ -49,6 +49,9 @@ func (b *Backend) Recover(ctx context.Context) ([]backend.Spec, error) {
 	for _, e := range entries {
 		id := e.Name()
 		known[id] = true
+		if b.ownsBlank(id) {
+			continue
+		}
 		rec, err := readRecord(filepath.Join(b.dir(id), "sandbox.json"))
 		if err != nil {
 			b.log.Info("recover: removing unfinished sandbox", "sandbox", id, "reason", err)
@@ -146,7 +149,7 @@ func (b *Backend) Recover(ctx context.Context) ([]backend.Spec, error) {
 
 	if ids, err := b.runc.list(ctx); err == nil {
 		for _, id := range ids {
-			if !known[id] {
+			if !known[id] && !b.ownsBlank(id) { // a blank the pool started meanwhile
 				b.log.Info("recover: deleting orphan container", "sandbox", id)
 				b.runc.delete(ctx, id)
 			}

@@ -31,7 +31,7 @@ func (b *Backend) Reset(ctx context.Context, id string) error {
 		return err
 	}
 	t0 := time.Now()
-	err = b.resetInPlace(ctx, rec)
+	err = b.resetInPlace(ctx, rec, nil)
 	if err == nil {
 		b.log.Debug("reset in place", "sandbox", id, "took", time.Since(t0))
 		return nil
@@ -45,7 +45,10 @@ func (b *Backend) Reset(ctx context.Context, id string) error {
 // errPaused: a frozen agent cannot reset anything.
 var errPaused = fmt.Errorf("sandbox is paused: %w", agent.ErrNoReset)
 
-func (b *Backend) resetInPlace(ctx context.Context, rec *record) (err error) {
+// resetInPlace switches the sandbox's root onto a fresh overlay; ident,
+// if not nil, is the identity a blank sandbox of the pool takes on (see
+// claim).
+func (b *Backend) resetInPlace(ctx context.Context, rec *record, ident *agent.Identity) (err error) {
 	id := rec.Spec.ID
 	dir := b.dir(id)
 	st, err := b.runc.readState(id)
@@ -96,24 +99,29 @@ func (b *Backend) resetInPlace(ctx context.Context, rec *record) (err error) {
 	}
 	defer releaseRoot()
 	tAgent := time.Now()
-	res, err := agent.ResetRoot(ctx, conn, root)
+	res, err := agent.ResetRoot(ctx, conn, root, ident)
 	if err != nil {
 		return err
 	}
 	tSwap := time.Now()
 	// The old layer moves aside and goes in the background: its last
-	// unmount tears down its file system and loop device.
-	old, err := os.MkdirTemp(dir, "disk.old-")
-	if err != nil {
+	// unmount tears down its file system and loop device. A blank
+	// sandbox of the pool has none.
+	if had, err := mount.IsMountpoint(filepath.Join(dir, "disk")); err == nil && had {
+		old, err := os.MkdirTemp(dir, "disk.old-")
+		if err != nil {
+			return err
+		}
+		if err := unix.Mount(filepath.Join(dir, "disk"), old, "", unix.MS_MOVE, ""); err != nil {
+			return fmt.Errorf("move the old writable layer: %w", err)
+		}
+		go func() {
+			unix.Unmount(old, unix.MNT_DETACH)
+			os.Remove(old)
+		}()
+	} else if err := os.MkdirAll(filepath.Join(dir, "disk"), 0o700); err != nil {
 		return err
 	}
-	if err := unix.Mount(filepath.Join(dir, "disk"), old, "", unix.MS_MOVE, ""); err != nil {
-		return fmt.Errorf("move the old writable layer: %w", err)
-	}
-	go func() {
-		unix.Unmount(old, unix.MNT_DETACH)
-		os.Remove(old)
-	}()
 	if err := os.Rename(img, filepath.Join(dir, "disk.img")); err != nil {
 		return err
 	}
@@ -121,9 +129,11 @@ func (b *Backend) resetInPlace(ctx context.Context, rec *record) (err error) {
 		return fmt.Errorf("move the new writable layer: %w", err)
 	}
 	os.Remove(next)
+	tWait := time.Now()
 	if err := b.waitAgent(ctx, id, res.Instance); err != nil {
 		return err
 	}
+	tUp := time.Now()
 	// The new agent forks its commands from a thread of its own: it needs
 	// the commands' cpu cgroup again.
 	if err := b.limitCPU(ctx, rec); err != nil {
@@ -139,7 +149,7 @@ func (b *Backend) resetInPlace(ctx context.Context, rec *record) (err error) {
 	b.recordBaseline(id)
 	b.log.Debug("reset in place: steps", "sandbox", id, "disk", tRoot.Sub(tDisk), "overlay", tAgent.Sub(tRoot),
 		"agent", tSwap.Sub(tAgent), "agent_reported", time.Duration(res.DurationMs)*time.Millisecond,
-		"killed", res.Killed, "swap_and_wait", time.Since(tSwap))
+		"killed", res.Killed, "swap", tWait.Sub(tSwap), "agent_up", tUp.Sub(tWait), "cpu_and_baseline", time.Since(tUp))
 	return nil
 }
 

@@ -49,13 +49,7 @@ const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bi
 // before it serves anything (see filters), from runtime's .dsec, which is
 // bound read-only at /.dsec.
 func ociSpec(sb backend.Spec, ids idmap.Range, rootfs, cgroupsPath, runtime string, args []string) (*specs.Spec, error) {
-	env := map[string]string{"PATH": defaultPath, "HOME": "/root", "TERM": "xterm", "DSEC_SANDBOX_ID": sb.ID}
-	maps.Copy(env, sb.Env)
-	envList := make([]string, 0, len(env))
-	for _, k := range slices.Sorted(maps.Keys(env)) {
-		envList = append(envList, k+"="+env[k])
-	}
-
+	envList := sandboxEnv(sb)
 	s := &specs.Spec{
 		Version:  ociVersion,
 		Hostname: sb.ID,
@@ -100,6 +94,18 @@ func ociSpec(sb backend.Spec, ids idmap.Range, rootfs, cgroupsPath, runtime stri
 		},
 	}
 	return s, nil
+}
+
+// sandboxEnv is the environment of a sandbox's agent, and so the base of
+// every command's: the same for a cold start and a pool claim.
+func sandboxEnv(sb backend.Spec) []string {
+	env := map[string]string{"PATH": defaultPath, "HOME": "/root", "TERM": "xterm", "DSEC_SANDBOX_ID": sb.ID}
+	maps.Copy(env, sb.Env)
+	envList := make([]string, 0, len(env))
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		envList = append(envList, k+"="+env[k])
+	}
+	return envList
 }
 
 // resources maps what the sandbox asked for onto cgroup limits.

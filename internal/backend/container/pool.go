@@ -1,0 +1,505 @@
+package container
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/agent"
+	"github.com/dsec-project/dsec/internal/backend"
+	"github.com/dsec-project/dsec/internal/errdefs"
+	"github.com/dsec-project/dsec/internal/idmap"
+)
+
+// PoolConfig sizes the node's pool of blank sandboxes: containers started
+// ahead of demand — namespaces, cgroups, id range and agent — on a
+// read-only root that holds nothing but the runtime layer. A create
+// claims one and gives it its layers by the same in-place root switch a
+// reset uses (resetInPlace), so that it costs about a reset instead of a
+// `runc run`, whatever its layers. Like FnCall's pools, the pool refills
+// toward the creates it served in the last Window, between Min and Max.
+type PoolConfig struct {
+	// Max bounds the blank sandboxes kept; 0 turns the pool off.
+	Max int
+	// Min is kept warm even without demand.
+	Min int
+	// Window is how far back demand is counted; 1 minute by default.
+	Window time.Duration
+}
+
+// PoolStats describes the pool, for the node's report and metrics.
+type PoolStats = api.BlankPool
+
+// poolPrefix names blank sandboxes; no tenant sandbox id has it (ids are
+// the server's "sb-…").
+const poolPrefix = "pool-"
+
+type pool struct {
+	cfg PoolConfig
+
+	mu       sync.Mutex
+	ready    []*record
+	starting int
+	demand   []time.Time // eligible creates, oldest first, within Window
+	claims   uint64
+	misses   uint64
+
+	// owned holds the ids of the blank sandboxes this pool made and still
+	// holds (starting or ready), for Recover to leave alone.
+	owned sync.Map
+
+	wake chan struct{}
+	stop chan struct{}
+	done chan struct{}
+}
+
+func newPool(cfg PoolConfig) *pool {
+	if cfg.Window <= 0 {
+		cfg.Window = time.Minute
+	}
+	cfg.Min = min(max(cfg.Min, 0), cfg.Max)
+	return &pool{cfg: cfg, wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+}
+
+// target is what the pool refills toward: the eligible creates of the
+// last window, between Min and Max. Preconditions: p.mu held.
+func (p *pool) target(now time.Time) int {
+	cut := 0
+	for cut < len(p.demand) && now.Sub(p.demand[cut]) > p.cfg.Window {
+		cut++
+	}
+	p.demand = p.demand[cut:]
+	return min(max(len(p.demand), p.cfg.Min), p.cfg.Max)
+}
+
+func (p *pool) poke() {
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+// take counts an eligible create and hands it a blank sandbox, or nil.
+func (p *pool) take() *record {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.demand = append(p.demand, time.Now())
+	if len(p.demand) > 4*p.cfg.Max+64 { // only the newest Max count
+		p.demand = append(p.demand[:0], p.demand[len(p.demand)-p.cfg.Max:]...)
+	}
+	defer p.poke()
+	if n := len(p.ready); n > 0 {
+		rec := p.ready[n-1] // the newest: its pages are the warmest
+		p.ready = p.ready[:n-1]
+		return rec
+	}
+	p.misses++
+	return nil
+}
+
+func (p *pool) put(rec *record) {
+	p.mu.Lock()
+	p.ready = append(p.ready, rec)
+	p.mu.Unlock()
+}
+
+func (p *pool) count(claimed bool) {
+	p.mu.Lock()
+	if claimed {
+		p.claims++
+	} else {
+		p.misses++
+	}
+	p.mu.Unlock()
+}
+
+// PoolStats reports the pool; all zero when it is off.
+func (b *Backend) PoolStats() PoolStats {
+	p := b.pool
+	if p == nil {
+		return PoolStats{}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return PoolStats{Size: len(p.ready), Target: p.target(time.Now()), Max: p.cfg.Max, Claims: p.claims, Misses: p.misses}
+}
+
+// refill keeps the pool at its target, one blank sandbox at a time (a
+// start is a `runc run`: a burst of them would slow the creates the pool
+// is there to speed up), and lets surplus blanks go once demand falls.
+func (b *Backend) refill() {
+	p := b.pool
+	defer close(p.done)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-p.stop:
+			cancel()
+		case <-p.done:
+		}
+	}()
+	tick := time.NewTicker(max(p.cfg.Window/8, time.Second))
+	defer tick.Stop()
+	failures := 0
+	for {
+		for {
+			select {
+			case <-p.stop:
+				return
+			default:
+			}
+			p.mu.Lock()
+			need := p.target(time.Now()) - len(p.ready) - p.starting
+			var surplus *record
+			if need < 0 && len(p.ready) > 0 {
+				surplus = p.ready[0] // the oldest
+				p.ready = p.ready[1:]
+			}
+			if need > 0 {
+				p.starting++
+			}
+			p.mu.Unlock()
+			if surplus != nil {
+				b.teardown(context.WithoutCancel(ctx), surplus.Spec.ID, surplus)
+				p.owned.Delete(surplus.Spec.ID)
+				continue
+			}
+			if need <= 0 {
+				break
+			}
+			// Not cut short by Close: a runc run killed half way would
+			// leave a container runc has no state for. Close waits.
+			sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+			rec, err := b.startBlank(sctx)
+			scancel()
+			p.mu.Lock()
+			p.starting--
+			if err == nil {
+				p.ready = append(p.ready, rec)
+			}
+			p.mu.Unlock()
+			if err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				failures++
+				b.log.Warn("pool: start a blank sandbox", "err", err, "failures", failures)
+				break // again at the next tick, not in a tight loop
+			}
+			failures = 0
+		}
+		select {
+		case <-p.stop:
+			return
+		case <-p.wake:
+		case <-tick.C:
+		}
+	}
+}
+
+// drainPool stops the refill and tears every blank sandbox down.
+func (b *Backend) drainPool() {
+	p := b.pool
+	if p == nil {
+		return
+	}
+	select {
+	case <-p.stop:
+	default:
+		close(p.stop)
+	}
+	<-p.done
+	p.mu.Lock()
+	ready := p.ready
+	p.ready = nil
+	p.mu.Unlock()
+	for _, rec := range ready {
+		if err := b.teardown(context.Background(), rec.Spec.ID, rec); err != nil {
+			b.log.Warn("pool: tear down a blank sandbox", "sandbox", rec.Spec.ID, "err", err)
+		}
+		p.owned.Delete(rec.Spec.ID)
+	}
+}
+
+// startBlank starts a blank sandbox: the container a cold create would
+// start, with no limits yet and a read-only root of the runtime layer
+// alone, its agent serving.
+func (b *Backend) startBlank(ctx context.Context) (rec *record, err error) {
+	var r [8]byte
+	rand.Read(r[:])
+	id := poolPrefix + hex.EncodeToString(r[:])
+	b.pool.owned.Store(id, true)
+	defer func() {
+		if err != nil {
+			b.pool.owned.Delete(id)
+		}
+	}()
+	dir := b.dir(id)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("blank sandbox: %w", err)
+	}
+	rec = &record{Spec: backend.Spec{ID: id, Network: api.Network{Mode: api.NetworkNone}}}
+	defer func() {
+		if err != nil {
+			b.teardown(context.WithoutCancel(ctx), id, rec)
+		}
+	}()
+	if rec.UIDs, err = b.allocUIDs(id); err != nil {
+		return nil, err
+	}
+	if err := os.Chown(dir, 0, int(rec.UIDs.Base)); err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(dir, 0o710); err != nil {
+		return nil, err
+	}
+	rootfs := filepath.Join(dir, "rootfs")
+	if err := os.Mkdir(rootfs, 0o755); err != nil {
+		return nil, err
+	}
+	ns, err := b.userns.get(rec.UIDs)
+	if err != nil {
+		return nil, err
+	}
+	root, err := idmap.ReadOnlyTree(b.runtime, ns)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { go unix.Close(root) }() // dissolving a mount waits for RCU
+	spec, err := ociSpec(rec.Spec, rec.UIDs, rootfs, "/"+b.cfg.CgroupParent+"/"+id, b.runtime, b.agentArgs())
+	if err != nil {
+		return nil, err
+	}
+	if err := backend.WriteJSONFile(filepath.Join(dir, "config.json"), spec); err != nil {
+		return nil, err
+	}
+	listener, err := listen(filepath.Join(dir, "agent.sock"))
+	if err != nil {
+		return nil, err
+	}
+	defer listener.Close()
+	logf, err := os.OpenFile(filepath.Join(dir, "agent.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	if err := b.runc.run(ctx, b.startNS, root, id, dir, listener, logf); err != nil {
+		return nil, err
+	}
+	b.runc.protectAgent(id)
+	return rec, nil
+}
+
+// ownsBlank says whether id is a blank sandbox of the live pool.
+func (b *Backend) ownsBlank(id string) bool {
+	if b.pool == nil {
+		return false
+	}
+	_, ok := b.pool.owned.Load(id)
+	return ok
+}
+
+// eligible says whether a create may be served from the pool. A sandbox
+// with a network interface starts cold: its interface, resolv.conf and
+// sysctls are set up by runc and connect around the start.
+func (b *Backend) eligible(spec backend.Spec) bool {
+	return b.pool != nil && !spec.NeedsNetwork
+}
+
+// createPooled serves a create from the pool. It returns false (and
+// nothing changed) when the pool had nothing or the claim failed, for the
+// caller to start the sandbox cold.
+func (b *Backend) createPooled(ctx context.Context, spec backend.Spec) (bool, error) {
+	blank := b.pool.take()
+	if blank == nil {
+		b.log.DebugContext(ctx, "pool: empty; starting cold", "sandbox", spec.ID)
+		return false, nil
+	}
+	if _, err := os.Lstat(b.dir(spec.ID)); err == nil {
+		b.pool.put(blank)
+		return true, fmt.Errorf("sandbox %s: %w", spec.ID, errdefs.ErrAlreadyExists)
+	}
+	t0 := time.Now()
+	defer b.pool.owned.Delete(blank.Spec.ID)
+	if err := b.claim(ctx, blank, spec); err != nil {
+		b.pool.count(false)
+		if errors.Is(err, errdefs.ErrAlreadyExists) {
+			return true, err
+		}
+		b.log.WarnContext(ctx, "pool: claim failed; starting cold", "sandbox", spec.ID, "blank", blank.Spec.ID, "err", err)
+		return false, nil
+	}
+	b.pool.count(true)
+	b.log.DebugContext(ctx, "pool: claimed", "sandbox", spec.ID, "blank", blank.Spec.ID, "took", time.Since(t0))
+	return true, nil
+}
+
+// claim turns blank into sandbox spec: renames its directory and runc
+// container, applies the spec's limits to its cgroups, takes the spec's
+// layers and switches the agent onto them with the sandbox's host name and
+// environment, then applies its file rules. What is left is exactly what a
+// cold create starts (TestPoolMatchesCold). On error nothing of it is
+// left.
+func (b *Backend) claim(ctx context.Context, blank *record, spec backend.Spec) (err error) {
+	old, id := blank.Spec.ID, spec.ID
+	t0 := time.Now()
+	if err := b.renameContainer(old, id); err != nil {
+		b.teardown(context.WithoutCancel(ctx), old, blank)
+		return err
+	}
+	if err := unix.Renameat2(unix.AT_FDCWD, b.dir(old), unix.AT_FDCWD, b.dir(id), unix.RENAME_NOREPLACE); err != nil {
+		b.runc.delete(context.WithoutCancel(ctx), id)
+		b.teardown(context.WithoutCancel(ctx), old, blank)
+		if errors.Is(err, unix.EEXIST) || errors.Is(err, unix.ENOTEMPTY) {
+			return fmt.Errorf("sandbox %s: %w", id, errdefs.ErrAlreadyExists)
+		}
+		return fmt.Errorf("claim: %w", err)
+	}
+	baselines.Delete(b.dir(old))
+	rec := &record{Spec: spec, UIDs: blank.UIDs}
+	b.mu.Lock()
+	b.uids[rec.UIDs.Base] = id
+	b.mu.Unlock()
+	defer func() {
+		if err != nil {
+			b.teardown(context.WithoutCancel(ctx), id, rec)
+		}
+	}()
+	st, err := b.runc.readState(id)
+	if err != nil {
+		return err
+	}
+	if err := applyLimits(st, spec.Resources); err != nil {
+		return fmt.Errorf("claim: limits: %w", err)
+	}
+	t1 := time.Now()
+	if err := b.acquire(ctx, rec); err != nil {
+		return err
+	}
+	t2 := time.Now()
+	if err := b.resetInPlace(ctx, rec, &agent.Identity{Hostname: id, Env: sandboxEnv(spec)}); err != nil {
+		return fmt.Errorf("claim: %w", err)
+	}
+	t3 := time.Now()
+	if err := b.pushFiles(ctx, rec); err != nil {
+		return err
+	}
+	b.log.DebugContext(ctx, "pool: claim steps", "sandbox", id, "rename_and_limits", t1.Sub(t0), "layers", t2.Sub(t1),
+		"root_switch", t3.Sub(t2), "files", time.Since(t3))
+	if err := backend.WriteJSONFile(filepath.Join(b.dir(id), "sandbox.json"), rec); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	b.sandboxes[id] = rec
+	b.mu.Unlock()
+	return nil
+}
+
+// renameContainer renames runc's container old to id: its state
+// directory, and in its state file its id, host name and bundle paths. Its
+// cgroups keep their names (cgroup v2 cannot rename them): every later
+// step reads their paths from the state file.
+func (b *Backend) renameContainer(old, id string) error {
+	from, to := filepath.Join(b.runc.root, old), filepath.Join(b.runc.root, id)
+	raw, err := os.ReadFile(filepath.Join(from, "state.json"))
+	if err != nil {
+		return fmt.Errorf("claim: %w", err)
+	}
+	var state map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &state); err != nil {
+		return fmt.Errorf("claim: runc state: %w", err)
+	}
+	quoted := func(s string) []byte { b, _ := json.Marshal(s); return b }
+	state["id"] = quoted(id)
+	cfg := state["config"]
+	cfg = bytes.ReplaceAll(cfg, []byte(b.dir(old)+"/"), []byte(b.dir(id)+"/"))
+	cfg = bytes.ReplaceAll(cfg, append([]byte(`"hostname":`), quoted(old)...), append([]byte(`"hostname":`), quoted(id)...))
+	cfg = bytes.ReplaceAll(cfg, []byte(`=`+b.dir(old)+`"`), []byte(`=`+b.dir(id)+`"`)) // the bundle label
+	state["config"] = cfg
+	out, err := json.Marshal(state)
+	if err != nil {
+		return fmt.Errorf("claim: runc state: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(from, "state.json.new"), out, 0o600); err != nil {
+		return fmt.Errorf("claim: %w", err)
+	}
+	if err := os.Rename(filepath.Join(from, "state.json.new"), filepath.Join(from, "state.json")); err != nil {
+		return fmt.Errorf("claim: %w", err)
+	}
+	if err := unix.Renameat2(unix.AT_FDCWD, from, unix.AT_FDCWD, to, unix.RENAME_NOREPLACE); err != nil {
+		if errors.Is(err, unix.EEXIST) || errors.Is(err, unix.ENOTEMPTY) {
+			return fmt.Errorf("container %s: %w", id, errdefs.ErrAlreadyExists)
+		}
+		return fmt.Errorf("claim: %w", err)
+	}
+	return nil
+}
+
+// applyLimits writes to a running container's cgroups the limits runc
+// writes at start for r (see resources): memory (with swap equal to it),
+// CPU shares and pids. The CPU quota comes after the root switch, as
+// after a reset (limitCPU).
+func applyLimits(st containerState, r api.Resources) error {
+	write := func(dir, file string, v int64) error {
+		return os.WriteFile(filepath.Join(dir, file), []byte(strconv.FormatInt(v, 10)), 0)
+	}
+	v2, hasV2 := st.CgroupPaths[""]
+	if r.MemoryMB > 0 {
+		limit := r.MemoryMB << 20
+		if dir, ok := st.CgroupPaths["memory"]; ok {
+			if err := write(dir, "memory.limit_in_bytes", limit); err != nil {
+				return err
+			}
+			if _, err := os.Stat(filepath.Join(dir, "memory.memsw.limit_in_bytes")); err == nil {
+				if err := write(dir, "memory.memsw.limit_in_bytes", limit); err != nil {
+					return err
+				}
+			}
+		} else if hasV2 {
+			if err := write(v2, "memory.max", limit); err != nil {
+				return err
+			}
+			if err := write(v2, "memory.swap.max", 0); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return err
+			}
+		}
+	}
+	if r.CPU > 0 {
+		shares := int64(max(r.CPU*1024, 2))
+		if dir, ok := st.CgroupPaths["cpu"]; ok {
+			if err := write(dir, "cpu.shares", shares); err != nil {
+				return err
+			}
+		} else if hasV2 {
+			// runc's conversion of shares to a weight.
+			if err := write(v2, "cpu.weight", 1+((shares-2)*9999)/262142); err != nil {
+				return err
+			}
+		}
+	}
+	if r.Pids > 0 {
+		if dir, ok := st.CgroupPaths["pids"]; ok {
+			if err := write(dir, "pids.max", r.Pids); err != nil {
+				return err
+			}
+		} else if hasV2 {
+			if err := write(v2, "pids.max", r.Pids); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,250 @@
+package container
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/backend"
+	"github.com/dsec-project/dsec/internal/backend/backendtest"
+	"github.com/dsec-project/dsec/internal/testutil"
+)
+
+// newTestBackend starts a backend on a fresh root with its own cgroup
+// parent, removed again at the end of the test.
+func newTestBackend(t *testing.T, pool PoolConfig) (*Backend, string, string) {
+	t.Helper()
+	root := t.TempDir()
+	parent := "dsec-test-" + filepath.Base(filepath.Dir(root))
+	b, err := New(Config{Root: root, AgentPath: filepath.Join(testutil.Binaries(t), "dsec-agent"), CgroupParent: parent, Pool: pool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		b.Close()
+		testutil.UnmountAll(root)
+		dirs, _ := filepath.Glob("/sys/fs/cgroup/*/" + parent)
+		for _, d := range append(dirs, "/sys/fs/cgroup/"+parent) {
+			os.Remove(d)
+		}
+	})
+	return b, root, parent
+}
+
+// waitPool waits until the pool holds n blank sandboxes.
+func waitPool(t *testing.T, b *Backend, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); b.PoolStats().Size < n; {
+		if time.Now().After(deadline) {
+			t.Fatalf("the pool did not fill to %d in 30s: %+v", n, b.PoolStats())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// inside prints, from within a sandbox, everything a sandbox's creation
+// decides: host name, environment, credentials and capabilities, id map
+// (the host side differs: each sandbox has its own range), mounts, network
+// interfaces, cgroup limits (through its cgroup namespace), rlimits and
+// its file rules.
+const inside = `hostname; env | sort; id; grep -E '^(Cap|Seccomp|NoNewPrivs|Uid|Gid)' /proc/self/status;
+awk '{print $1, $3}' /proc/self/uid_map /proc/self/gid_map;
+awk '{print $5, $6, $9}' /proc/self/mountinfo | sort; ls /sys/class/net;
+for f in memory/memory.limit_in_bytes memory/memory.memsw.limit_in_bytes cpu/cpu.shares pids/pids.max; do
+  echo "$f $(cat /sys/fs/cgroup/$f 2>&1)"; done; cat /proc/self/cgroup | sed 's/[0-9]*://' | sort;
+ulimit -a; ls -la / /dev | awk '{print $1, $3, $4, $NF}'; touch /secret 2>&1; mkdir -p /w && echo w > /w/f && cat /w/f;
+df -P / | tail -1 | awk '{print $2}'`
+
+// outside reads, from the host, the limits on a sandbox's cgroups.
+func outside(t *testing.T, b *Backend, id string) string {
+	t.Helper()
+	st, err := b.runc.readState(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, f := range []string{"memory/memory.limit_in_bytes", "memory/memory.memsw.limit_in_bytes", "cpu/cpu.shares",
+		"cpu/cpu.cfs_quota_us", "cpu/cmd/cpu.cfs_quota_us", "pids/pids.max", "devices/devices.list", "/memory.max", "/pids.max"} {
+		ctl, file, _ := strings.Cut(f, "/")
+		dir, ok := st.CgroupPaths[ctl]
+		if !ok {
+			continue
+		}
+		v, err := os.ReadFile(filepath.Join(dir, file))
+		if err != nil {
+			v = []byte("(none)")
+		}
+		out = append(out, f+" "+strings.TrimSpace(string(v)))
+	}
+	oom, _ := os.ReadFile("/proc/" + strconv.Itoa(st.InitPid) + "/oom_score_adj")
+	out = append(out, "oom_score_adj "+strings.TrimSpace(string(oom)))
+	return strings.Join(out, "\n")
+}
+
+// TestPoolMatchesCold compares, field by field, a sandbox claimed from
+// the pool with one created cold from the same spec: what it sees inside
+// and its limits outside.
+func TestPoolMatchesCold(t *testing.T) {
+	testutil.Require(t, testutil.Root, testutil.Tool("runc"), testutil.File("/bin/busybox"), testutil.Tool("mkfs.erofs"))
+	ctx := context.Background()
+	base := backendtest.MinimalLayer(t, t.TempDir())
+	cold, _, _ := newTestBackend(t, PoolConfig{})
+	warm, _, _ := newTestBackend(t, PoolConfig{Max: 1, Min: 1})
+	waitPool(t, warm, 1)
+	spec := func(id string) backend.Spec {
+		return backend.Spec{ID: id, Backend: api.BackendContainer, Layers: []backend.Layer{base},
+			Resources: api.Resources{CPU: 0.25, MemoryMB: 48, Pids: 96, DiskMB: 32},
+			Network:   api.Network{Mode: api.NetworkNone}, Env: map[string]string{"A": "1", "PATH": "/bin:/usr/bin"},
+			Phase: "agent", Files: api.FileRules{Deny: []string{"/secret"}}}
+	}
+	const id = "sb-same"
+	if err := cold.Create(ctx, spec(id)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cold.Destroy(context.Background(), id) })
+	if err := warm.Create(ctx, spec(id)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { warm.Destroy(context.Background(), id) })
+	if st := warm.PoolStats(); st.Claims != 1 {
+		t.Fatalf("the create did not claim from the pool: %+v", st)
+	}
+	// The one difference: runc mounts /dev/mqueue with the host's gid 0,
+	// unmapped inside (nobody); the agent's fresh /dev after a reset in
+	// place, which a claim is, has it root's. So a cold sandbox matches
+	// exactly once it has been reset.
+	mq := strings.NewReplacer("drwxrwxrwt root nobody mqueue", "drwxrwxrwt root root mqueue")
+	if got, want := shell(t, warm, id, inside), mq.Replace(shell(t, cold, id, inside)); got != want {
+		t.Errorf("inside, pooled and cold differ:\n%s", lineDiff(got, want))
+	}
+	if err := cold.Reset(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := shell(t, warm, id, inside), shell(t, cold, id, inside); got != want {
+		t.Errorf("inside, pooled and cold after a reset differ:\n%s", lineDiff(got, want))
+	}
+	if got, want := outside(t, warm, id), outside(t, cold, id); got != want {
+		t.Errorf("outside, pooled and cold differ:\n%s", lineDiff(got, want))
+	}
+	for _, b := range []*Backend{warm, cold} {
+		if st, err := b.State(ctx, id); err != nil || st != api.StateRunning {
+			t.Errorf("state %q, %v", st, err)
+		}
+		if err := b.Pause(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		if st, _ := b.State(ctx, id); st != api.StatePaused {
+			t.Errorf("after pause: state %q", st)
+		}
+		if err := b.Resume(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestPoolLeavesNothing: claimed and blank sandboxes alike are gone, with
+// every mount, cgroup, process and file, once destroyed and the backend
+// closed; and a second create of a live id is refused without using up
+// a blank.
+func TestPoolLeavesNothing(t *testing.T) {
+	testutil.Require(t, testutil.Root, testutil.Tool("runc"), testutil.File("/bin/busybox"), testutil.Tool("mkfs.erofs"))
+	ctx := context.Background()
+	base := backendtest.MinimalLayer(t, t.TempDir())
+	b, root, parent := newTestBackend(t, PoolConfig{Max: 3, Min: 3})
+	waitPool(t, b, 3)
+	spec := backend.Spec{ID: "sb-leak", Backend: api.BackendContainer, Layers: []backend.Layer{base},
+		Resources: api.Resources{CPU: 0.5, MemoryMB: 32, DiskMB: 16}, Network: api.Network{Mode: api.NetworkNone}}
+	if err := b.Create(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	if out := shell(t, b, spec.ID, "echo x > /x; cat /x; hostname"); out != "x\nsb-leak\n" {
+		t.Fatalf("claimed sandbox: %q", out)
+	}
+	if err := b.Create(ctx, spec); err == nil {
+		t.Fatal("a second create of a live id succeeded")
+	}
+	if err := b.Reset(ctx, spec.ID); err != nil {
+		t.Fatal(err)
+	}
+	if out := shell(t, b, spec.ID, "cat /x 2>/dev/null; hostname"); out != "sb-leak\n" {
+		t.Fatalf("after reset: %q", out)
+	}
+	if err := b.Destroy(ctx, spec.ID); err != nil {
+		t.Fatal(err)
+	}
+	st := b.PoolStats()
+	if st.Claims != 1 {
+		t.Errorf("claims %d, want 1: %+v", st.Claims, st)
+	}
+	if got := startNSMounts(t, b, root); len(got) != 0 {
+		t.Errorf("mounts in the start namespace: %v", got)
+	}
+	b.Close()
+	for _, leak := range leaks(t, b, root, parent) {
+		t.Error("leaked:", leak)
+	}
+}
+
+// lineDiff lists the lines only one of got (+) and want (-) has.
+func lineDiff(got, want string) string {
+	count := map[string]int{}
+	for _, l := range strings.Split(got, "\n") {
+		count[l]++
+	}
+	for _, l := range strings.Split(want, "\n") {
+		count[l]--
+	}
+	var out []string
+	for l, n := range count {
+		switch {
+		case n > 0:
+			out = append(out, "+ "+l)
+		case n < 0:
+			out = append(out, "- "+l)
+		}
+	}
+	slices.Sort(out)
+	return strings.Join(out, "\n")
+}
+
+// TestPoolFollowsDemand: the pool's target is the eligible creates of the
+// last window, between its minimum and maximum; takes from an empty pool
+// are misses.
+func TestPoolFollowsDemand(t *testing.T) {
+	p := newPool(PoolConfig{Max: 5, Min: 2, Window: time.Minute})
+	now := time.Now()
+	if got := p.target(now); got != 2 {
+		t.Fatalf("target without demand %d, want the minimum 2", got)
+	}
+	for range 3 {
+		if p.take() != nil {
+			t.Fatal("an empty pool handed out a sandbox")
+		}
+	}
+	if st := (&Backend{pool: p}).PoolStats(); st.Misses != 3 || st.Target != 3 || st.Max != 5 {
+		t.Fatalf("after 3 creates: %+v", st)
+	}
+	for range 10 {
+		p.take()
+	}
+	if got := p.target(now); got != 5 {
+		t.Fatalf("target after 13 creates %d, want the maximum 5", got)
+	}
+	if got := p.target(now.Add(2 * time.Minute)); got != 2 {
+		t.Fatalf("target a window later %d, want the minimum 2", got)
+	}
+	rec := &record{Spec: backend.Spec{ID: poolPrefix + "x"}}
+	p.put(rec)
+	if got := p.take(); got != rec {
+		t.Fatalf("take after put: %v", got)
+	}
+	if p := newPool(PoolConfig{Max: 1, Min: 4}); p.cfg.Min != 1 || p.cfg.Window != time.Minute {
+		t.Fatalf("config not bounded: %+v", p.cfg)
+	}
+}
