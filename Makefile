@@ -12,6 +12,7 @@
 #                      the base SandboxFusion's /run_code runs in
 #   make guest-kernel   fetch the microVM guest kernel (also done by run and test)
 #   make vm-image       build the small bootable vm image the fullvm tests boot (also done by test)
+#   make desktop-image  build and upload desktop:debian-12, a fullvm desktop (network; ~1 h; not in test)
 #   make e2b-proto      regenerate the E2B envd Connect code (committed) from its .proto files
 
 GO      ?= go
@@ -23,7 +24,7 @@ LISTEN  ?= 127.0.0.1:7070
 # toolchain base of the compatibility tests, internal/e2e/compat_test.go)
 # gcc (go test -race needs cgo), tmux and chromium (the terminal and
 # port tests drive a real terminal and a real browser), qemu-utils (qemu-img: full VMs' copy-on-write disks).
-DEBS    := runc erofs-utils busybox-static fuse3 iproute2 util-linux postgresql python3 e2fsprogs nftables debootstrap git qemu-system-x86 g++ gcc libc6-dev tmux chromium qemu-utils
+DEBS    := runc erofs-utils busybox-static fuse3 iproute2 util-linux postgresql python3 e2fsprogs nftables debootstrap git qemu-system-x86 g++ gcc libc6-dev tmux chromium qemu-utils xvfb xterm
 # Go tools the tests run (a real S3 server), built into bin/.
 VERSITYGW := github.com/versity/versitygw/cmd/versitygw@v1.8.0
 # The linter, built into bin/ by make lint.
@@ -33,7 +34,7 @@ GUEST_KERNEL_PKG ?= linux-image-cloud-amd64
 GUEST_KERNEL     := bin/guest-kernel
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: all build run test test-unit lint deps tools check-go clean debian-base sandboxfusion-base guest-kernel vm-image e2b-proto
+.PHONY: all build run test test-unit lint deps tools check-go clean debian-base sandboxfusion-base guest-kernel vm-image e2b-proto desktop-image
 
 all: build
 
@@ -83,6 +84,14 @@ vm-image: $(VM_IMAGE)
 
 $(VM_IMAGE): | build
 	./bin/dsec layer build --vm --debootstrap bookworm --output $@
+
+# desktop-image builds the desktop vm layer desktop:debian-12 (Xorg,
+# Openbox, xterm, root logged in on the screen) and uploads it to the
+# running server ($$DSEC_URL, $$DSEC_API_KEY or ./.dsec/admin.key); see
+# examples/build_desktop_image.sh. It needs the network and takes most of
+# an hour: never part of test or CI.
+desktop-image: build
+	examples/build_desktop_image.sh
 
 run: deps build guest-kernel
 	./bin/dsec server --data $(DATA) --listen $(LISTEN)

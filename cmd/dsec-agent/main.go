@@ -139,6 +139,11 @@ func serve(log *slog.Logger, l net.Listener, cfg agent.Config) error {
 		return err
 	}
 	defer srv.Close()
+	// The layers' own services (the desktop toolkit's X server): the
+	// agent is the sandbox's init, here and after each reset.
+	if _, err := srv.Autostart(agent.AutostartDir); err != nil {
+		log.Warn("autostart", "err", err)
+	}
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT)
 	go func() { srv.Shutdown(<-sigs) }()

@@ -18,7 +18,7 @@ import (
 
 func benchCmd(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return errors.New("usage: dsec bench create|exec|density|fork|reset|seccomp|fncall|runcode|batch|trajectory|image|microvm|cluster|soak [flags]")
+		return errors.New("usage: dsec bench create|exec|density|fork|reset|seccomp|fncall|runcode|batch|trajectory|image|microvm|fullvm|cluster|soak [flags]")
 	}
 	sub, args := args[0], args[1:]
 	fs := flag.NewFlagSet("dsec bench "+sub, flag.ContinueOnError)
@@ -208,6 +208,22 @@ func benchCmd(ctx context.Context, args []string) error {
 		}
 		cfg.Client = newClient()
 		return bench.MicroVM(ctx, cfg)
+	case "fullvm":
+		cfg := bench.FullVMConfig{Out: os.Stdout}
+		fs.StringVar(&cfg.VMLayer, "vm-layer", "vm:debian-12", "vm layer of the fullvm sandboxes")
+		fs.StringVar(&cfg.Base, "base", "base:minimal", "base layer of the microVM and the container")
+		fs.StringVar(&cfg.Desktop, "desktop", "desktop:toolkit", "desktop toolkit of the container (examples/build_desktop_toolkit.sh; \"\": none)")
+		fs.IntVar(&cfg.Cycles, "n", 2, "create→first exec→first screenshot→destroy cycles per backend, one at a time")
+		fs.IntVar(&cfg.RoundTrips, "round-trips", 20, "screenshots and inputs timed per backend with a screen")
+		fs.IntVar(&cfg.Idle, "idle", 1, "idle sandboxes per backend kept while memory is measured")
+		fs.Int64Var(&cfg.VMMemoryMB, "vm-memory-mb", 1024, "RAM of each full VM")
+		fs.Int64Var(&cfg.MemoryMB, "memory-mb", 256, "memory of each microVM and container")
+		fs.DurationVar(&cfg.ScreenTimeout, "screen-timeout", 2*time.Minute, "wait for a screen that is not blank")
+		if _, _, err := parseArgs(fs, args); err != nil {
+			return err
+		}
+		cfg.Client = newClient()
+		return bench.FullVM(ctx, cfg)
 	case "cluster":
 		cfg := bench.ClusterConfig{Out: os.Stdout}
 		fs.IntVar(&cfg.Nodes, "nodes", 160, "simulated nodes")

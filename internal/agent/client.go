@@ -9,6 +9,7 @@ import (
 	"mime"
 	"net"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/dsec-project/dsec/api"
@@ -181,4 +182,34 @@ func (c *Client) Processes(ctx context.Context) ([]api.Process, error) {
 		return nil, err
 	}
 	return l.Processes, nil
+}
+
+// Display asks the size of the sandbox's X screen (ErrInvalid: none).
+func (c *Client) Display(ctx context.Context) (api.Display, error) {
+	var d api.Display
+	return d, c.call(ctx, http.MethodGet, "/display", nil, &d)
+}
+
+// Screenshot returns the sandbox's X screen as PNG, and its size.
+func (c *Client) Screenshot(ctx context.Context) ([]byte, api.Display, error) {
+	resp, err := c.send(ctx, http.MethodGet, "/screen", nil, "image/png")
+	if err != nil {
+		return nil, api.Display{}, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
+	if err != nil {
+		return nil, api.Display{}, readError(ctx, err)
+	}
+	var d api.Display
+	d.Width, _ = strconv.Atoi(resp.Header.Get(HeaderDisplayWidth))
+	d.Height, _ = strconv.Atoi(resp.Header.Get(HeaderDisplayHeight))
+	return b, d, nil
+}
+
+// Input performs actions on the sandbox's X screen.
+func (c *Client) Input(ctx context.Context, actions []api.InputAction) (api.Display, error) {
+	var res api.InputResult
+	err := c.call(ctx, http.MethodPost, "/input", &api.InputRequest{Actions: actions}, &res)
+	return res.Display, err
 }

@@ -24,6 +24,9 @@
 //	DELETE /files?path=[&recursive=1]
 //	POST   /fs/freeze?timeout_ms=         freeze the writable disk (microVM only: Config.Freezer)
 //	POST   /fs/thaw
+//	GET    /display                      api.Display of the sandbox's X server (400: none)
+//	GET    /screen                       the X screen as image/png; X-Display-Width, -Height
+//	POST   /input                        api.InputRequest → api.InputResult (XTEST)
 //
 // The agent must never let a sandboxed process reach its listener (the
 // socket is inherited, never a path inside the sandbox, and never leaks into

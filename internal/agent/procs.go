@@ -127,6 +127,18 @@ func (t *procTable) list() []api.Process {
 // execBackground starts a command, answers with its handle at once and
 // keeps its output in rings until it is deleted.
 func (s *Server) execBackground(w http.ResponseWriter, r *http.Request, spec *execSpec) {
+	v, err := s.startBackground(spec)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	logger(r).Info("exec background", "argv0", spec.argv[0], "process", v.ID, "pid", v.Pid)
+	writeJSON(w, http.StatusOK, &api.ExecResult{Process: &v})
+}
+
+// startBackground starts a background process; one that cannot start is
+// recorded as exited with the reason, not an error.
+func (s *Server) startBackground(spec *execSpec) (api.Process, error) {
 	p := &proc{
 		stdout:  newOutput(spec.maxOutput),
 		stderr:  newOutput(spec.maxOutput),
@@ -137,8 +149,7 @@ func (s *Server) execBackground(w http.ResponseWriter, r *http.Request, spec *ex
 	c, err := s.start(spec, p.stdout, p.stderr)
 	var se *startError
 	if err != nil && !errors.As(err, &se) {
-		s.writeError(w, r, err)
-		return
+		return api.Process{}, err
 	}
 	if c != nil {
 		p.child, p.started = c.child, c.started
@@ -153,9 +164,7 @@ func (s *Server) execBackground(w http.ResponseWriter, r *http.Request, spec *ex
 	} else {
 		go s.procs.run(p, c, spec.timeout)
 	}
-	v := p.view()
-	logger(r).Info("exec background", "argv0", spec.argv[0], "process", v.ID, "pid", v.Pid)
-	writeJSON(w, http.StatusOK, &api.ExecResult{Process: &v})
+	return p.view(), nil
 }
 
 func (t *procTable) run(p *proc, c *command, timeout time.Duration) {

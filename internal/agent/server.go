@@ -91,6 +91,9 @@ type Server struct {
 	// commands get theirs back to 0.
 	protected bool
 
+	// inputMu keeps input requests from interleaving on the screen.
+	inputMu sync.Mutex
+
 	lmu      sync.Mutex
 	listener net.Listener // what Serve serves, for a reset's re-exec
 
@@ -183,6 +186,9 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /terminal", s.handleTerminal)
 	mux.HandleFunc("/ports/{port}/{rest...}", s.handlePortProxy)
 	mux.HandleFunc("GET /tcp/{port}", s.handleTunnel)
+	mux.HandleFunc("GET /display", s.handleDisplay)
+	mux.HandleFunc("GET /screen", s.handleScreen)
+	mux.HandleFunc("POST /input", s.handleInput)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, errdefs.NotFound("route %s %s", r.Method, r.URL.Path))
 	})

@@ -3,12 +3,14 @@ package edge
 import (
 	"context"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 
 	"github.com/coder/websocket"
 
 	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/agent"
 	"github.com/dsec-project/dsec/internal/backend"
 	"github.com/dsec-project/dsec/internal/errdefs"
 	"github.com/dsec-project/dsec/internal/httpapi"
@@ -20,11 +22,30 @@ func (e *Edge) display(id string) (backend.Display, error) {
 	if err != nil {
 		return nil, err
 	}
-	d, ok := sb.backend.(backend.Display)
-	if !ok {
-		return nil, errdefs.Invalid("sandbox %s has no screen: its backend %s has none", id, sb.backend.Name())
+	if d, ok := sb.backend.(backend.Display); ok && sb.backend.Name() == api.BackendFullVM {
+		return d, nil
 	}
-	return d, nil
+	// A container's (or a microVM's) screen is its own X server's, if a
+	// layer runs one: the agent serves it.
+	return agentDisplay{sb.agent}, nil
+}
+
+// agentDisplay is the screen of a sandbox whose agent serves it (X11 in
+// a container); it has no VNC.
+type agentDisplay struct{ c *agent.Client }
+
+func (a agentDisplay) Screenshot(ctx context.Context, _ string) ([]byte, api.Display, error) {
+	return a.c.Screenshot(ctx)
+}
+
+func (a agentDisplay) Input(ctx context.Context, _ string, actions []api.InputAction) (api.Display, error) {
+	return a.c.Input(ctx, actions)
+}
+
+func (a agentDisplay) Size(ctx context.Context) (api.Display, error) { return a.c.Display(ctx) }
+
+func (a agentDisplay) DialVNC(_ context.Context, id string) (net.Conn, error) {
+	return nil, errdefs.Invalid("sandbox %s has no VNC: a container's screen has screen and input only (VNC is for fullvm sandboxes)", id)
 }
 
 // Screenshot returns a sandbox's screen as PNG.
@@ -43,6 +64,20 @@ func (e *Edge) Input(ctx context.Context, id string, actions []api.InputAction) 
 		return api.Display{}, err
 	}
 	return d.Input(ctx, id, actions)
+}
+
+// displaySize is the size of a sandbox's screen: asked of the agent in a
+// container, from a screenshot otherwise.
+func (e *Edge) displaySize(ctx context.Context, id string) (api.Display, error) {
+	d, err := e.display(id)
+	if err != nil {
+		return api.Display{}, err
+	}
+	if a, ok := d.(agentDisplay); ok {
+		return a.Size(ctx)
+	}
+	_, size, err := d.Screenshot(ctx, id)
+	return size, err
 }
 
 // displayRoutes serves the screen API of the edge: the control plane
@@ -75,7 +110,7 @@ func (e *Edge) displayRoutes(mux *http.ServeMux) {
 	})
 	mux.HandleFunc("GET /v1/sandboxes/{id}/vnc", e.serveVNC)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/display", func(w http.ResponseWriter, r *http.Request) {
-		_, d, err := e.Screenshot(r.Context(), r.PathValue("id"))
+		d, err := e.displaySize(r.Context(), r.PathValue("id"))
 		if err != nil {
 			httpapi.WriteError(w, r, err)
 			return

@@ -24,9 +24,10 @@ func (s *Server) toEdgeDisplay(w http.ResponseWriter, r *http.Request) error {
 }
 
 // withDisplay adds the screen's size to a running fullvm sandbox's view,
-// as its node sees it now; the field is left out if the node cannot say.
+// or a container's or microVM's whose layers run an X server, as its node sees it now;
+// the field is left out if there is none or the node cannot say.
 func (s *Server) withDisplay(ctx context.Context, v api.Sandbox) api.Sandbox {
-	if v.Backend != api.BackendFullVM || v.State != api.StateRunning {
+	if (v.Backend != api.BackendFullVM && v.Backend != api.BackendContainer && v.Backend != api.BackendMicroVM) || v.State != api.StateRunning {
 		return v
 	}
 	n, err := s.nodes.get(v.Node)
