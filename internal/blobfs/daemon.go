@@ -91,7 +91,7 @@ func Serve(ctx context.Context, dir string, cfg Config) error {
 			<-unmounted
 			return nil
 		} else {
-			cfg.Logger.Warn("blobfs still in use; serving on", "err", err)
+			cfg.Logger.WarnContext(ctx, "blobfs still in use; serving on", "err", err)
 		}
 		select {
 		case <-unmounted:
@@ -143,7 +143,7 @@ func cleanStale(mp string) {
 // store's credentials travel there, not on the command line).
 func EnsureDaemon(ctx context.Context, dir string, argv []string, env []string, log *slog.Logger) error {
 	if alive(MountDir(dir)) {
-		log.Info("blobfs already running", "dir", dir)
+		log.InfoContext(ctx, "blobfs already running", "dir", dir)
 		return nil
 	}
 	cleanStale(MountDir(dir))
@@ -179,7 +179,7 @@ func EnsureDaemon(ctx context.Context, dir string, argv []string, env []string, 
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	log.Info("blobfs started", "dir", dir, "pid", cmd.Process.Pid)
+	log.InfoContext(ctx, "blobfs started", "dir", dir, "pid", cmd.Process.Pid)
 	return nil
 }
 

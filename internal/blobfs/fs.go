@@ -299,7 +299,7 @@ func (r *root) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 	l, err := r.fs.layer(name)
 	if err != nil {
 		if !errors.Is(err, os.ErrNotExist) {
-			r.fs.log.Warn("lookup", "name", name, "err", err)
+			r.fs.log.WarnContext(ctx, "lookup", "name", name, "err", err)
 		}
 		return nil, syscall.ENOENT
 	}
@@ -364,7 +364,7 @@ func (f *blobFile) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off 
 	n, err := f.fs.read(ctx, f.l, dest, off)
 	if err != nil {
 		f.fs.m.readErrors.Inc()
-		f.fs.log.Warn("read failed", "layer", f.l.hex, "off", off, "len", len(dest), "err", err)
+		f.fs.log.WarnContext(ctx, "read failed", "layer", f.l.hex, "off", off, "len", len(dest), "err", err)
 		return nil, syscall.EIO
 	}
 	return fuse.ReadResultData(dest[:n]), 0
