@@ -136,13 +136,7 @@ func utilisation(t *testing.T, r *replica) float64 {
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testutil.EventuallyTrue(t, 30*time.Second, what, cond)
 }
 
 func TestClusterSpreadsAndSurvivesANodeLoss(t *testing.T) {
