@@ -143,6 +143,13 @@ func TestClusterSpreadsAndSurvivesANodeLoss(t *testing.T) {
 	ctx := context.Background()
 	c := sim.NewCluster()
 	nodes := addNodes(t, c, 3, api.Resources{CPU: 8, MemoryMB: 10000}, nil, "n")
+	// Every node has the base cached, as in a cluster that ran it before:
+	// otherwise the layer affinity of the first nodes whose heartbeats
+	// report it after their first create (soon, when creates are slow, as
+	// under -race) outweighs the free room of a node that has none yet.
+	for _, n := range nodes {
+		n.CacheLayers(baseDigest)
+	}
 	r := newReplica(t, openSQLite(t), c, filepath.Join(t.TempDir(), "admin.key"))
 	heartbeats(t, c, r)
 
