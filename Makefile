@@ -3,7 +3,7 @@
 #   make run    install what is missing, build, start the all-in-one server
 #   make test   install what is missing, build, run every test (as root)
 #   make test-unit   the tests that need neither root nor a tool beyond Go
-#                    (any user, no install; UNIT_FLAGS=-race for the race detector)
+#                    (any user, no install; under -race: UNIT_FLAGS= to drop it)
 #   make lint   gofmt, go vet and staticcheck
 #   make debian-base   with `make run` going: build the public base layer
 #                      debian:12 (Debian bookworm + python3, pip, git) with
@@ -104,10 +104,9 @@ test: deps tools build guest-kernel vm-image
 # test-unit runs every test that needs neither root, a tool beyond Go nor
 # the kernel's features: testutil.Require skips a test that states any
 # requirement (DSEC_TEST_UNIT=1), also under CI, and -short skips the long
-# ones. No install, any user. UNIT_FLAGS=-race adds the race detector (it
-# needs gcc); not the default yet: under it the cluster tests' simulated
-# heartbeats fall behind (TestClusterSpreadsAndSurvivesANodeLoss).
-UNIT_FLAGS ?=
+# ones. No install, any user. They run under the race detector (it needs
+# gcc, which CI installs); UNIT_FLAGS= runs them without it.
+UNIT_FLAGS ?= -race
 test-unit: check-go
 	DSEC_TEST_UNIT=1 $(GO) test $(UNIT_FLAGS) -short -count=1 -timeout 10m ./...
 

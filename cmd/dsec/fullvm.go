@@ -45,7 +45,7 @@ func (f *fullvmFlags) backend(ctx context.Context, m *microvmFlags, root, cgroup
 		if f.mode == "on" {
 			return nil, fmt.Errorf("fullvm backend: %w", err)
 		}
-		log.Info("fullvm backend off: QEMU, qemu-img or debugfs is missing", "err", err)
+		log.InfoContext(ctx, "fullvm backend off: QEMU, qemu-img or debugfs is missing", "err", err)
 		return nil, nil
 	}
 	if err := os.MkdirAll(root, 0o700); err != nil {
@@ -67,6 +67,6 @@ func (f *fullvmFlags) backend(ctx context.Context, m *microvmFlags, root, cgroup
 	if err != nil {
 		return nil, err
 	}
-	log.Info("fullvm backend on", "vmm", vmm.Name(), "accel", vmm.Accel())
+	log.InfoContext(ctx, "fullvm backend on", "vmm", vmm.Name(), "accel", vmm.Accel())
 	return b, nil
 }

@@ -56,7 +56,7 @@ func (m *microvmFlags) backend(ctx context.Context, root, agent, cgroupParent st
 		if m.mode == "on" {
 			return nil, fmt.Errorf("microvm backend: %w", err)
 		}
-		log.Info("microvm backend off: QEMU or the guest kernel is missing (make guest-kernel)", "err", err)
+		log.InfoContext(ctx, "microvm backend off: QEMU or the guest kernel is missing (make guest-kernel)", "err", err)
 		return nil, nil
 	}
 	if err := os.MkdirAll(root, 0o700); err != nil {
@@ -76,6 +76,6 @@ func (m *microvmFlags) backend(ctx context.Context, root, agent, cgroupParent st
 	if err != nil {
 		return nil, err
 	}
-	log.Info("microvm backend on", "vmm", vmm.Name(), "accel", vmm.Accel(), "kernel", k.Version, "vsock", vsockErr == nil)
+	log.InfoContext(ctx, "microvm backend on", "vmm", vmm.Name(), "accel", vmm.Accel(), "kernel", k.Version, "vsock", vsockErr == nil)
 	return b, nil
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/dsec-project/dsec/internal/edge"
 	"github.com/dsec-project/dsec/internal/fncall"
 	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/reqid"
 	"github.com/dsec-project/dsec/internal/scheduler"
 	"github.com/dsec-project/dsec/internal/server"
 	"github.com/dsec-project/dsec/internal/store"
@@ -81,9 +82,8 @@ func (n *nodeFlags) logger() *slog.Logger {
 	if n.debug {
 		lvl = slog.LevelDebug
 	}
-	l := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
-	slog.SetDefault(l)
-	return l
+	// Lines logged with a request's context carry its id (package reqid).
+	return reqid.Logger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})))
 }
 
 // agentBinary finds dsec-agent: the flag, next to this binary, on $PATH.
@@ -193,11 +193,11 @@ func (n *nodeFlags) startEdge(ctx context.Context, dataDir string, layers edge.L
 		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		if stopped, err := blobfs.StopDaemon(sctx, filepath.Join(dataDir, "blobfs")); err != nil {
-			log.Warn("blobfs left running", "err", err)
+			log.WarnContext(ctx, "blobfs left running", "err", err)
 		} else if stopped {
-			log.Info("blobfs stopped: no layer in use")
+			log.InfoContext(ctx, "blobfs stopped: no layer in use")
 		} else {
-			log.Info("blobfs left serving the sandboxes that outlive this process")
+			log.InfoContext(ctx, "blobfs left serving the sandboxes that outlive this process")
 		}
 	}, nil
 }
@@ -429,7 +429,7 @@ func edgeCmd(ctx context.Context, args []string) error {
 			return err
 		}
 		go e.Join(ctx, cp, edge.JoinConfig{Addr: addr, Token: apiToken, Labels: labels, Interval: nf.heartbeat})
-		log.Info("joining control plane", "url", *join, "advertise", addr)
+		log.InfoContext(ctx, "joining control plane", "url", *join, "advertise", addr)
 	}
 	return serveListener(ctx, l, e.Handler(apiToken), log, "dsec edge ready", "node", nf.nodeID)
 }
@@ -449,13 +449,13 @@ func serveListener(ctx context.Context, l net.Listener, h http.Handler, log *slo
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(l) }()
-	log.Info(msg, append([]any{"addr", l.Addr().String()}, attrs...)...)
+	log.InfoContext(ctx, msg, append([]any{"addr", l.Addr().String()}, attrs...)...)
 	select {
 	case err := <-errc:
 		return err
 	case <-ctx.Done():
 	}
-	log.Info("shutting down; sandboxes keep running")
+	log.InfoContext(ctx, "shutting down; sandboxes keep running")
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	srv.Shutdown(sctx)

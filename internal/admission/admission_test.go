@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/dsec-project/dsec/internal/testutil"
 )
 
 // load is a fake load source: a node with room for free more creates,
@@ -46,13 +48,7 @@ func (l *load) admitted() []string {
 // waitFor polls until cond holds.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testutil.EventuallyTrue(t, 10*time.Second, what, cond)
 }
 
 // enqueue starts waiters named tenant+number, one at a time so their

@@ -15,6 +15,7 @@ import (
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/errdefs"
 	"github.com/dsec-project/dsec/internal/httpapi"
+	"github.com/dsec-project/dsec/internal/reqid"
 )
 
 // agentHost names the agent in request URLs. It is a placeholder: the
@@ -25,6 +26,7 @@ const agentHost = "dsec-agent"
 // with come back in their errdefs class.
 type Client struct {
 	tr *http.Transport
+	rt http.RoundTripper // tr, sending the request id (package reqid)
 	hc *http.Client
 }
 
@@ -37,12 +39,13 @@ func NewClient(dial func(ctx context.Context) (net.Conn, error)) *Client {
 		IdleConnTimeout:     90 * time.Second,
 		DisableCompression:  true,
 	}
-	return &Client{tr: tr, hc: &http.Client{Transport: tr}}
+	rt := reqid.Transport(tr)
+	return &Client{tr: tr, rt: rt, hc: &http.Client{Transport: rt}}
 }
 
 // Transport is the client's round tripper, for proxying arbitrary agent
 // paths; any URL host is sent to the agent.
-func (c *Client) Transport() http.RoundTripper { return c.tr }
+func (c *Client) Transport() http.RoundTripper { return c.rt }
 
 // Close drops idle connections.
 func (c *Client) Close() { c.tr.CloseIdleConnections() }

@@ -302,7 +302,7 @@ func logExec(r *http.Request, spec *execSpec, c *command, res *api.ExecResult) {
 	if c != nil {
 		pid = c.child.pid
 	}
-	logger(r).Info("exec", "argv0", spec.argv[0], "pid", pid, "exit_code", res.ExitCode,
+	logger(r).InfoContext(r.Context(), "exec", "argv0", spec.argv[0], "pid", pid, "exit_code", res.ExitCode,
 		"signal", res.Signal, "timed_out", res.TimedOut, "duration_ms", res.DurationMs)
 }
 

@@ -150,7 +150,7 @@ func (s *Server) handleGetFile(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if _, err := io.CopyN(w, f, st.Size); err != nil {
-		logger(r).Warn("send file", "path", clean, "err", err)
+		logger(r).WarnContext(r.Context(), "send file", "path", clean, "err", err)
 	}
 }
 

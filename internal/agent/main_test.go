@@ -223,13 +223,7 @@ func shortTempDir(t *testing.T) string {
 // bound; it states that something happens, not how fast.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("never happened: %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.EventuallyTrue(t, 30*time.Second, what, cond)
 }
 
 // procStatus returns fields of /proc/<pid>/status; ok is false if the

@@ -51,7 +51,7 @@ func (s *Server) handlePutPolicy(w http.ResponseWriter, r *http.Request) {
 		s.spawner = nil
 	}
 	s.policyMu.Unlock()
-	logger(r).Info("policy", "phase", p.Phase, "deny", len(p.Files.Deny), "read_only", len(p.Files.ReadOnly))
+	logger(r).InfoContext(r.Context(), "policy", "phase", p.Phase, "deny", len(p.Files.Deny), "read_only", len(p.Files.ReadOnly))
 	writeJSON(w, http.StatusOK, &p)
 }
 

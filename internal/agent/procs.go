@@ -132,7 +132,7 @@ func (s *Server) execBackground(w http.ResponseWriter, r *http.Request, spec *ex
 		s.writeError(w, r, err)
 		return
 	}
-	logger(r).Info("exec background", "argv0", spec.argv[0], "process", v.ID, "pid", v.Pid)
+	logger(r).InfoContext(r.Context(), "exec background", "argv0", spec.argv[0], "process", v.ID, "pid", v.Pid)
 	writeJSON(w, http.StatusOK, &api.ExecResult{Process: &v})
 }
 

@@ -141,7 +141,7 @@ func (s *Server) handleReset(w http.ResponseWriter, r *http.Request) {
 		}
 		<-proceed
 		err = s.cfg.Reexec(lfd, state)
-		log.Error("reset: re-exec failed; the sandbox cannot go on", "err", err)
+		log.ErrorContext(r.Context(), "reset: re-exec failed; the sandbox cannot go on", "err", err)
 		os.Exit(1)
 	}()
 	if err := <-switched; err != nil {
@@ -157,7 +157,7 @@ func (s *Server) handleReset(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	log.Info("reset", "killed", killed, "duration", time.Since(t0))
+	log.InfoContext(r.Context(), "reset", "killed", killed, "duration", time.Since(t0))
 	// A complete response (a length, not chunks) before exec cuts the
 	// connection.
 	body, _ := json.Marshal(&ResetResult{Killed: killed, DurationMs: time.Since(t0).Milliseconds(), Instance: instance})

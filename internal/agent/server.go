@@ -21,6 +21,7 @@ import (
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/errdefs"
+	"github.com/dsec-project/dsec/internal/reqid"
 )
 
 // Config is what the agent is started with.
@@ -193,8 +194,15 @@ func (s *Server) routes() http.Handler {
 		s.writeError(w, r, errdefs.NotFound("route %s %s", r.Method, r.URL.Path))
 	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		log := s.cfg.Log.With("request", fmt.Sprintf("r-%d", s.reqs.Add(1)))
-		mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), loggerKey{}, log)))
+		// The edge's request id (the API call's) if it sent one, so that
+		// the call can be followed from the server to here.
+		id := r.Header.Get(reqid.Header)
+		if !reqid.Valid(id) {
+			id = fmt.Sprintf("r-%d", s.reqs.Add(1))
+		}
+		log := s.cfg.Log.With(reqid.Attr, id)
+		ctx := context.WithValue(reqid.With(r.Context(), id), loggerKey{}, log)
+		mux.ServeHTTP(w, r.WithContext(ctx))
 	})
 }
 
@@ -261,7 +269,7 @@ func logger(r *http.Request) *slog.Logger {
 	if l, ok := r.Context().Value(loggerKey{}).(*slog.Logger); ok {
 		return l
 	}
-	return slog.Default()
+	return slog.New(slog.DiscardHandler) // not reached: routes sets it
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -273,7 +281,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	code := errdefs.Code(err)
 	if code == api.CodeInternal {
-		logger(r).Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+		logger(r).ErrorContext(r.Context(), "request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	}
 	writeJSON(w, api.HTTPStatus(code), &api.ErrorResponse{Error: &api.Error{Code: code, Message: err.Error()}})
 }

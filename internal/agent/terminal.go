@@ -107,7 +107,7 @@ func (s *Server) handleTerminal(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	log := logger(r)
-	log.Info("terminal", "argv0", spec.argv[0], "pid", c.child.pid, "rows", spec.tty.Rows, "cols", spec.tty.Cols)
+	log.InfoContext(ctx, "terminal", "argv0", spec.argv[0], "pid", c.child.pid, "rows", spec.tty.Rows, "cols", spec.tty.Cols)
 	// A bad control message ends the terminal with a close reason.
 	bad := make(chan error, 1)
 	go func() {
@@ -132,7 +132,7 @@ func (s *Server) handleTerminal(w http.ResponseWriter, r *http.Request) {
 	c.wait(ctx, 0) // the client gone: killed
 	killSession(c.child.pid)
 	res := c.result(false)
-	log.Info("terminal exited", "pid", c.child.pid, "exit_code", res.ExitCode, "signal", res.Signal, "client_gone", ctx.Err() != nil)
+	log.InfoContext(ctx, "terminal exited", "pid", c.child.pid, "exit_code", res.ExitCode, "signal", res.Signal, "client_gone", ctx.Err() != nil)
 	select {
 	case err := <-bad:
 		conn.Close(websocket.StatusPolicyViolation, truncReason(err.Error()))

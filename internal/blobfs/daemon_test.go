@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/internal/blobfs"
+	"github.com/dsec-project/dsec/internal/testutil"
 )
 
 // TestStopDaemon: a stop request ends a blobfs only when nothing reads
@@ -33,14 +34,7 @@ func TestStopDaemon(t *testing.T) {
 	}()
 	t.Cleanup(func() { unix.Unmount(blobfs.MountDir(dir), unix.MNT_DETACH) })
 	blob := filepath.Join(blobfs.MountDir(dir), strings.TrimPrefix(fx.digest, "sha256:"))
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if _, err := os.Stat(blob); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("blobfs did not come up")
-		}
-	}
+	testutil.Eventually(t, 10*time.Second, "blobfs up", func() error { _, err := os.Stat(blob); return err })
 
 	f, err := os.Open(blob)
 	if err != nil {

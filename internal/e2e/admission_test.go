@@ -2,12 +2,14 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/client"
+	"github.com/dsec-project/dsec/internal/testutil"
 )
 
 // TestBusyNodeQueuesCreates is issue 12's RL failure: CPU-bound sandboxes
@@ -95,18 +97,14 @@ func TestBusyNodeQueuesCreates(t *testing.T) {
 // waitNodes polls GET /v1/nodes until cond holds.
 func waitNodes(t *testing.T, c *client.Client, what string, cond func(*api.NodeList) bool) {
 	t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
+	testutil.Eventually(t, 2*time.Minute, what, func() error {
 		nl, err := c.NodeList(ctxT(t))
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
 		if len(nl.Nodes) > 0 && nl.Admission != nil && cond(nl) {
-			return
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s: %+v", what, nl)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return fmt.Errorf("nodes: %+v", nl)
+	})
 }

@@ -42,12 +42,10 @@ func checkpointSteps(t *testing.T, c *client.Client, traj string, steps ...int64
 func manifestGone(t *testing.T, s *testutil.Server, digest string) {
 	t.Helper()
 	path := filepath.Join(s.DataDir, "store", "layers", "sha256", strings.TrimPrefix(digest, "sha256:"))
-	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if _, err := os.Stat(path); os.IsNotExist(err) {
-			return
-		}
-	}
-	t.Fatalf("layer %s is still in the store", digest)
+	testutil.EventuallyTrue(t, time.Minute, "layer "+digest+" gone from the store", func() bool {
+		_, err := os.Stat(path)
+		return os.IsNotExist(err)
+	})
 }
 
 // TestTrajectoryCheckpoints is the lost-sandbox story: a trainer that asks

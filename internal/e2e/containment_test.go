@@ -48,11 +48,12 @@ func (n *neighbour) check(t *testing.T) {
 	// The beat is written to a new file and renamed, so a read never sees
 	// it half-written.
 	a := read()
-	time.Sleep(500 * time.Millisecond)
-	b := read()
-	if b <= a {
-		t.Fatalf("neighbour's heartbeat stopped: %d then %d", a, b)
-	}
+	testutil.Eventually(t, 30*time.Second, "the neighbour's heartbeat going on", func() error {
+		if b := read(); b <= a {
+			return fmt.Errorf("%d then %d", a, b)
+		}
+		return nil
+	})
 	if got := sh(t, n.c, n.id, "cat /tmp/neighbour-secret"); got != "secret-of-the-neighbour\n" {
 		t.Fatalf("neighbour's files changed: %q", got)
 	}

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -26,20 +27,18 @@ func createWith(t *testing.T, c *client.Client, req api.CreateSandboxRequest) *a
 // waitReaped waits until the reaper destroyed a sandbox and returns it.
 func waitReaped(t *testing.T, c *client.Client, id string, within time.Duration) *api.Sandbox {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		sb, err := c.GetSandbox(ctxT(t), id)
-		if err != nil {
-			t.Fatal(err)
+	var sb *api.Sandbox
+	testutil.Eventually(t, within, "sandbox "+id+" reaped", func() error {
+		var err error
+		if sb, err = c.GetSandbox(ctxT(t), id); err != nil {
+			return err
 		}
-		if sb.State == api.StateDeleted {
-			return sb
+		if sb.State != api.StateDeleted {
+			return fmt.Errorf("%+v", sb)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("sandbox %s not reaped within %v: %+v", id, within, sb)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
+	return sb
 }
 
 // TestLeases: a lease is renewable, a sandbox whose lease ends or that

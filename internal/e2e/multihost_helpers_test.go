@@ -174,17 +174,9 @@ func (e *joinedEdge) cleanup(t *testing.T) {
 // waitUntil polls cond every 100 ms for up to d.
 func waitUntil(t *testing.T, d time.Duration, what string, cond func(ctx context.Context) bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
+	testutil.EventuallyTrue(t, d, what, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		ok := cond(ctx)
-		cancel()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		defer cancel()
+		return cond(ctx)
+	})
 }

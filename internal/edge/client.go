@@ -12,6 +12,7 @@ import (
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/errdefs"
 	"github.com/dsec-project/dsec/internal/httpapi"
+	"github.com/dsec-project/dsec/internal/reqid"
 )
 
 // Client calls an edge's HTTP API. It is what the control plane holds for
@@ -55,7 +56,7 @@ func NewClient(addr, token string) (*Client, error) {
 // NewClientTransport returns a client for the edge at base
 // ("http://host:port") whose requests go through rt.
 func NewClientTransport(base, token string, rt http.RoundTripper) (*Client, error) {
-	tr := rt
+	tr := reqid.Transport(rt) // the edge and its agents log the API call's id
 	c := &Client{base: strings.TrimSuffix(base, "/"), token: token, hc: &http.Client{Transport: tr}}
 	c.proxy = &httputil.ReverseProxy{
 		Transport:     tr,

@@ -152,12 +152,12 @@ func (e *Edge) Join(ctx context.Context, cp ControlPlane, cfg JoinConfig) {
 		switch {
 		case err != nil && ctx.Err() == nil:
 			if !failing {
-				e.log.Warn("heartbeat failed; retrying", "err", err)
+				e.log.WarnContext(ctx, "heartbeat failed; retrying", "err", err)
 			}
 			failing = true
 		case err == nil:
 			if failing || reply.State != state {
-				e.log.Info("joined control plane", "state", reply.State)
+				e.log.InfoContext(ctx, "joined control plane", "state", reply.State)
 			}
 			failing, state = false, reply.State
 		}

@@ -24,6 +24,7 @@ import (
 	"github.com/dsec-project/dsec/internal/agent"
 	"github.com/dsec-project/dsec/internal/backend"
 	"github.com/dsec-project/dsec/internal/errdefs"
+	"github.com/dsec-project/dsec/internal/reqid"
 )
 
 // Layers makes layers available on this node, fetching what they need.
@@ -141,6 +142,7 @@ func New(ctx context.Context, cfg Config) (*Edge, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	cfg.Logger = reqid.Logger(cfg.Logger)
 	e := &Edge{
 		cfg:        cfg,
 		backends:   map[string]backend.Backend{},
@@ -177,7 +179,7 @@ func New(ctx context.Context, cfg Config) (*Edge, error) {
 			}
 		}
 		if len(specs) > 0 {
-			e.log.Info("recovered sandboxes", "backend", b.Name(), "count", len(specs))
+			e.log.InfoContext(ctx, "recovered sandboxes", "backend", b.Name(), "count", len(specs))
 		}
 	}
 	return e, nil
@@ -243,7 +245,7 @@ func (e *Edge) Create(ctx context.Context, req CreateRequest) (Status, error) {
 		e.mu.Unlock()
 		return Status{}, err
 	}
-	e.log.Debug("created sandbox", "sandbox", req.ID, "backend", req.Backend)
+	e.log.DebugContext(ctx, "created sandbox", "sandbox", req.ID, "backend", req.Backend)
 	return Status{ID: req.ID, Backend: req.Backend, State: api.StateRunning}, nil
 }
 
@@ -351,7 +353,7 @@ func (e *Edge) Snapshot(ctx context.Context, id string, req SnapshotRequest) (Sn
 		return SnapshotResult{}, err
 	}
 	res.FrozenMs = frozen.Milliseconds()
-	e.log.Info("snapshot", "sandbox", id, "layer", res.Digest, "size", res.Size, "merged", req.Merge,
+	e.log.InfoContext(ctx, "snapshot", "sandbox", id, "layer", res.Digest, "size", res.Size, "merged", req.Merge,
 		"frozen", frozen, "aside", aside)
 	return res, nil
 }

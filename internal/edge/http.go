@@ -12,6 +12,7 @@ import (
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/errdefs"
 	"github.com/dsec-project/dsec/internal/httpapi"
+	"github.com/dsec-project/dsec/internal/reqid"
 )
 
 // Handler serves the edge HTTP API. With a non-empty token every request
@@ -117,16 +118,31 @@ func (e *Edge) Handler(token string) http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, r, errdefs.NotFound("no route %s %s", r.Method, r.URL.Path))
 	})
+	var h http.Handler = mux
 	if token == "" {
-		return mux
+		return e.withRequest(h)
 	}
 	want := []byte("Bearer " + token)
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return e.withRequest(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
 			httpapi.WriteError(w, r, errdefs.ErrUnauthenticated)
 			return
 		}
 		mux.ServeHTTP(w, r)
+	}))
+}
+
+// withRequest gives each request its id (package reqid) and the edge's
+// logger for its errors, and logs it at debug level.
+func (e *Edge) withRequest(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		r = reqid.Request(w, r)
+		r = r.WithContext(httpapi.WithLogger(r.Context(), e.log))
+		defer func() {
+			e.log.DebugContext(r.Context(), "request", "method", r.Method, "path", r.URL.Path, "duration", time.Since(start))
+		}()
+		h.ServeHTTP(w, r)
 	})
 }
 

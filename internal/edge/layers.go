@@ -210,12 +210,12 @@ func (s *StoreLayers) fetchPrefetchList(ctx context.Context, digest, h string) {
 	b, err := blob.ReadAll(ctx, s.cfg.Store.Blobs(), layer.PrefetchKey(digest))
 	if err != nil {
 		if !errors.Is(err, errdefs.ErrNotFound) {
-			s.log.Warn("prefetch list", "layer", digest, "err", err)
+			s.log.WarnContext(ctx, "prefetch list", "layer", digest, "err", err)
 		}
 		return
 	}
 	if err := writeFileAtomic(filepath.Join(s.ManifestDir(), h+".prefetch"), b); err != nil {
-		s.log.Warn("prefetch list", "layer", digest, "err", err)
+		s.log.WarnContext(ctx, "prefetch list", "layer", digest, "err", err)
 	}
 }
 

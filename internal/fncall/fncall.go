@@ -272,7 +272,7 @@ func (m *Manager) Release(l *Lease, clean bool) {
 			restarted, err = m.rt.Recycle(ctx, mem.sb)
 			cancel()
 			if err != nil {
-				m.log.Warn("fncall: reset failed; destroying the sandbox", "sandbox", mem.sb.ID, "pool", p.id, "err", err)
+				m.log.WarnContext(ctx, "fncall: reset failed; destroying the sandbox", "sandbox", mem.sb.ID, "pool", p.id, "err", err)
 			}
 		} else {
 			err = errRetire
@@ -435,7 +435,7 @@ func (m *Manager) startCreate(p *pool) {
 		defer m.mu.Unlock()
 		p.creating--
 		if err != nil {
-			m.log.Warn("fncall: create a pool sandbox", "pool", p.id, "tenant", p.tenant, "err", err)
+			m.log.WarnContext(ctx, "fncall: create a pool sandbox", "pool", p.id, "tenant", p.tenant, "err", err)
 			if p.size() == 0 {
 				// Nothing else is coming: tell the waiters why.
 				for _, w := range p.waiters {
@@ -484,7 +484,7 @@ func (m *Manager) destroyLater(mem *member) {
 		ctx, cancel := context.WithTimeout(context.Background(), m.cfg.OpTimeout)
 		defer cancel()
 		if err := m.rt.Destroy(ctx, mem.sb); err != nil {
-			m.log.Warn("fncall: destroy a pool sandbox", "sandbox", mem.sb.ID, "err", err)
+			m.log.WarnContext(ctx, "fncall: destroy a pool sandbox", "sandbox", mem.sb.ID, "err", err)
 		}
 	}()
 }

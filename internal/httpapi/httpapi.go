@@ -6,6 +6,7 @@ package httpapi
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -43,11 +44,11 @@ func WriteError(w http.ResponseWriter, r *http.Request, err error) {
 	if code == api.CodeInternal && r.Context().Err() != nil {
 		// The client went away and took the request's context with it:
 		// nobody reads this answer, and nothing failed on our side.
-		slog.Debug("request ended by its client", "method", r.Method, "path", r.URL.Path, "err", err)
+		Logger(r.Context()).DebugContext(r.Context(), "request ended by its client", "method", r.Method, "path", r.URL.Path, "err", err)
 		msg = "request canceled by the client"
 	} else if code == api.CodeInternal {
 		ref := fmt.Sprintf("%08x", rand.Uint32())
-		slog.Error("internal error", "ref", ref, "method", r.Method, "path", r.URL.Path, "err", err)
+		Logger(r.Context()).ErrorContext(r.Context(), "internal error", "ref", ref, "method", r.Method, "path", r.URL.Path, "err", err)
 		msg = "internal error (ref " + ref + " in the server log)"
 	}
 	if (code == api.CodeResourceExhausted && !errors.Is(err, errdefs.ErrQuotaExceeded)) || code == api.CodeUnavailable {
@@ -56,6 +57,24 @@ func WriteError(w http.ResponseWriter, r *http.Request, err error) {
 		w.Header().Set("Retry-After", "1")
 	}
 	WriteJSON(w, api.HTTPStatus(code), api.ErrorResponse{Error: &api.Error{Code: code, Message: msg}})
+}
+
+type loggerKey struct{}
+
+// WithLogger returns ctx carrying the logger WriteError logs internal
+// errors to: the server's or edge's own, so that they carry its attributes
+// and the request id.
+func WithLogger(ctx context.Context, l *slog.Logger) context.Context {
+	return context.WithValue(ctx, loggerKey{}, l)
+}
+
+// Logger returns the logger of WithLogger, or slog's default for a handler
+// that was given none.
+func Logger(ctx context.Context) *slog.Logger {
+	if l, ok := ctx.Value(loggerKey{}).(*slog.Logger); ok {
+		return l
+	}
+	return slog.Default()
 }
 
 // DecodeJSON reads a JSON body into v, rejecting unknown fields, trailing

@@ -147,7 +147,7 @@ func (s *Server) setQuota(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	s.log.Info("tenant quota set", "tenant", t.ID, "sandboxes", q.Sandboxes, "cpu", q.CPU, "memory_mb", q.MemoryMB)
+	s.log.InfoContext(r.Context(), "tenant quota set", "tenant", t.ID, "sandboxes", q.Sandboxes, "cpu", q.CPU, "memory_mb", q.MemoryMB)
 	httpapi.WriteJSON(w, http.StatusOK, out)
 	return nil
 }

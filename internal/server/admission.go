@@ -58,7 +58,7 @@ func (s *Server) reserve(ctx context.Context, tenant string, req scheduler.Reque
 	switch {
 	case err == nil:
 		if waited > 0 {
-			s.log.Info("create admitted after waiting for busy nodes", "tenant", tenant, "node", node, "waited", waited)
+			s.log.InfoContext(ctx, "create admitted after waiting for busy nodes", "tenant", tenant, "node", node, "waited", waited)
 		}
 		return node, nil
 	case errors.Is(err, errAdmissionTimeout) && p.wait == 0:

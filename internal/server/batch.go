@@ -128,12 +128,12 @@ func (s *Server) createBatch(w http.ResponseWriter, r *http.Request) error {
 	pr := b.progress()
 	res.Created, res.Failed = pr.Created, pr.Failed
 	if r.Context().Err() != nil {
-		s.log.Info("client left during a batch create; destroying its sandboxes", "batch", b.id, "tenant", tenant,
+		s.log.InfoContext(r.Context(), "client left during a batch create; destroying its sandboxes", "batch", b.id, "tenant", tenant,
 			"created", res.Created)
 		s.destroyBatch(context.WithoutCancel(r.Context()), b)
 		return nil // nobody is left to read an answer
 	}
-	s.log.Info("batch created", "batch", b.id, "tenant", tenant, "requested", req.Count,
+	s.log.InfoContext(r.Context(), "batch created", "batch", b.id, "tenant", tenant, "requested", req.Count,
 		"created", res.Created, "failed", res.Failed, "duration", time.Since(start))
 	if stream {
 		b.emit(api.BatchEvent{Result: res})
@@ -221,7 +221,7 @@ func (s *Server) runBatch(ctx, client context.Context, tenant string, b *batch) 
 				s.sched.Release(nodes[i], req.Resources)
 			}
 			if !errors.Is(err, errdefs.ErrResourceExhausted) {
-				s.log.Warn("batch: place a chunk; placing its items one by one", "batch", b.id, "err", err)
+				s.log.WarnContext(ctx, "batch: place a chunk; placing its items one by one", "batch", b.id, "err", err)
 			}
 			continue
 		}
@@ -326,7 +326,7 @@ func (s *Server) destroyBatch(ctx context.Context, b *batch) {
 			defer wg.Done()
 			defer func() { <-sem }()
 			if err := s.destroy(ctx, *sb); err != nil {
-				s.log.Warn("batch: destroy after the client left", "sandbox", sb.API.ID, "err", err)
+				s.log.WarnContext(ctx, "batch: destroy after the client left", "sandbox", sb.API.ID, "err", err)
 			}
 		}()
 	}

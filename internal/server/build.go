@@ -160,12 +160,12 @@ func (s *Server) buildLayer(w http.ResponseWriter, r *http.Request) error {
 		if errors.As(err, &de) {
 			be.Line = de.Line
 		}
-		s.log.Info("layer build failed", "tenant", tenant, "build", b.id, "err", err)
+		s.log.InfoContext(ctx, "layer build failed", "tenant", tenant, "build", b.id, "err", err)
 		b.emit(api.BuildEvent{Error: be})
 		return nil
 	}
 	res.Steps, res.CachedSteps, res.DurationMs = b.total, b.cached, time.Since(start).Milliseconds()
-	s.log.Info("layer built", "tenant", tenant, "build", b.id, "layer", name+":"+tag, "steps", b.total,
+	s.log.InfoContext(ctx, "layer built", "tenant", tenant, "build", b.id, "layer", name+":"+tag, "steps", b.total,
 		"cached", b.cached, "duration", time.Since(start))
 	b.emit(api.BuildEvent{Result: res})
 	return nil
@@ -314,7 +314,7 @@ func (b *builder) cleanup(ctx context.Context) {
 	b.mu.Unlock()
 	for _, sb := range boxes {
 		if err := b.s.destroy(ctx, sb); err != nil {
-			b.s.log.Warn("build: destroy a build sandbox", "build", b.id, "sandbox", sb.API.ID, "err", err)
+			b.s.log.WarnContext(ctx, "build: destroy a build sandbox", "build", b.id, "sandbox", sb.API.ID, "err", err)
 		}
 	}
 }

@@ -144,7 +144,7 @@ func (s *Server) scheduleCheckpoint(ctx context.Context, sb store.Sandbox, n *no
 	cancel()
 	if err != nil {
 		release()
-		log.Warn("checkpoint skipped: the trajectory stayed locked", "err", err)
+		log.WarnContext(ctx, "checkpoint skipped: the trajectory stayed locked", "err", err)
 		s.metrics.checkpoints.WithLabelValues("skipped").Inc()
 		return
 	}
@@ -157,13 +157,13 @@ func (s *Server) scheduleCheckpoint(ctx context.Context, sb store.Sandbox, n *no
 		c, err := s.checkpoint(ctx, sb, n, st)
 		switch {
 		case errors.Is(err, errSkipCheckpoint):
-			log.Info("checkpoint skipped", "why", err)
+			log.InfoContext(ctx, "checkpoint skipped", "why", err)
 			s.metrics.checkpoints.WithLabelValues("skipped").Inc()
 		case err != nil:
-			log.Warn("checkpoint failed", "err", err)
+			log.WarnContext(ctx, "checkpoint failed", "err", err)
 			s.metrics.checkpoints.WithLabelValues("failed").Inc()
 		default:
-			log.Info("checkpoint taken", "layer", c.LayerName+":"+c.LayerTag, "size", c.Size,
+			log.InfoContext(ctx, "checkpoint taken", "layer", c.LayerName+":"+c.LayerTag, "size", c.Size,
 				"duration", time.Since(start))
 			s.metrics.checkpoints.WithLabelValues("ok").Inc()
 			s.metrics.checkpointDur.Observe(time.Since(start).Seconds())
@@ -315,10 +315,10 @@ func (s *Server) restoreTrajectory(w http.ResponseWriter, r *http.Request) error
 		return fail(err)
 	}
 	if r.Context().Err() != nil {
-		s.log.Info("client left during restore; destroying", "sandbox", sb.API.ID)
+		s.log.InfoContext(ctx, "client left during restore; destroying", "sandbox", sb.API.ID)
 		return fail(r.Context().Err())
 	}
-	s.log.Info("trajectory restored from checkpoint", "tenant", tenant, "trajectory", c.Trajectory, "step", c.Step,
+	s.log.InfoContext(ctx, "trajectory restored from checkpoint", "tenant", tenant, "trajectory", c.Trajectory, "step", c.Step,
 		"from", c.Sandbox, "sandbox", sb.API.ID, "steps_moved", moved)
 	httpapi.WriteJSON(w, http.StatusCreated, api.RestoreResult{Sandbox: s.view(sb), Checkpoint: checkpointAPI(c)})
 	return nil

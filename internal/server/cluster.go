@@ -103,7 +103,7 @@ func (s *Server) beat(ctx context.Context, hb edge.Heartbeat, local bool) (edge.
 			return edge.HeartbeatReply{}, err
 		}
 		if revived {
-			s.log.Info("node is back", "node", hb.ID, "addr", hb.Addr)
+			s.log.InfoContext(ctx, "node is back", "node", hb.ID, "addr", hb.Addr)
 		}
 	}
 	// What the scheduler needs is rec with the stored allocation, state
@@ -122,7 +122,7 @@ func (s *Server) beat(ctx context.Context, hb edge.Heartbeat, local bool) (edge.
 	s.admission.Kick() // its load may have fallen
 	if fresh {
 		s.nodes.put(cur, hb.Backends)
-		s.log.Info("node connected", "node", hb.ID, "addr", hb.Addr, "cpu", hb.Capacity.CPU,
+		s.log.InfoContext(ctx, "node connected", "node", hb.ID, "addr", hb.Addr, "cpu", hb.Capacity.CPU,
 			"memory_mb", hb.Capacity.MemoryMB, "labels", hb.Labels)
 	}
 	if local {
@@ -135,7 +135,7 @@ func (s *Server) beat(ctx context.Context, hb edge.Heartbeat, local bool) (edge.
 			rctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			if err := s.reconcile(rctx, hb.ID, cur.client, false); err != nil {
-				s.log.Warn("reconcile failed", "node", hb.ID, "err", err)
+				s.log.WarnContext(ctx, "reconcile failed", "node", hb.ID, "err", err)
 			}
 		}()
 	}
@@ -177,7 +177,7 @@ func (s *Server) limit(c api.Resources) api.Resources {
 func (s *Server) syncNodes(ctx context.Context, sweepLost bool) {
 	nodes, err := s.store.ListNodes(ctx)
 	if err != nil {
-		s.log.Warn("sync nodes", "err", err)
+		s.log.WarnContext(ctx, "sync nodes", "err", err)
 		return
 	}
 	now := time.Now().UTC()
@@ -189,7 +189,7 @@ func (s *Server) syncNodes(ctx context.Context, sweepLost bool) {
 		if n.State == store.NodeUp && !inProcess && now.Sub(n.LastSeen) > s.cfg.NodeTimeout {
 			changed, err := s.store.SetNodeState(ctx, n.ID, []string{store.NodeUp}, store.NodeDown, now.Add(-s.cfg.NodeTimeout))
 			if err != nil {
-				s.log.Warn("mark node down", "node", n.ID, "err", err)
+				s.log.WarnContext(ctx, "mark node down", "node", n.ID, "err", err)
 				continue
 			}
 			if changed {
@@ -203,7 +203,7 @@ func (s *Server) syncNodes(ctx context.Context, sweepLost bool) {
 				// The replica that declared it down may have died
 				// before marking its sandboxes.
 				if c, err := s.store.MarkSandboxesLost(ctx, n.ID); err == nil && c > 0 {
-					s.log.Warn("marked sandboxes of a down node lost", "node", n.ID, "count", c)
+					s.log.WarnContext(ctx, "marked sandboxes of a down node lost", "node", n.ID, "count", c)
 				}
 			}
 		} else if _, ok := s.nodes.lookup(n.ID); !ok && n.Addr != "" {
@@ -221,9 +221,9 @@ func (s *Server) nodeDown(ctx context.Context, n store.Node) {
 	s.nodes.cut(n.ID)
 	lost, err := s.store.MarkSandboxesLost(ctx, n.ID)
 	if err != nil {
-		s.log.Error("mark sandboxes lost", "node", n.ID, "err", err)
+		s.log.ErrorContext(ctx, "mark sandboxes lost", "node", n.ID, "err", err)
 	}
-	s.log.Warn("node stopped heartbeating: down, its sandboxes lost", "node", n.ID,
+	s.log.WarnContext(ctx, "node stopped heartbeating: down, its sandboxes lost", "node", n.ID,
 		"last_seen", n.LastSeen, "lost", lost)
 }
 
@@ -290,7 +290,7 @@ func (s *Server) reconcile(ctx context.Context, nodeID string, c *edge.Client, a
 					return err
 				}
 				if prev == api.StateLost {
-					s.log.Info("reconcile: lost sandbox found again", "sandbox", sb.API.ID, "node", nodeID)
+					s.log.InfoContext(ctx, "reconcile: lost sandbox found again", "sandbox", sb.API.ID, "node", nodeID)
 				}
 			}
 			continue
@@ -300,7 +300,7 @@ func (s *Server) reconcile(ctx context.Context, nodeID string, c *edge.Client, a
 			return err
 		}
 		s.forget(sb.API.ID)
-		s.log.Warn("reconcile: sandbox missing on its node", "sandbox", sb.API.ID, "node", nodeID)
+		s.log.WarnContext(ctx, "reconcile: sandbox missing on its node", "sandbox", sb.API.ID, "node", nodeID)
 	}
 	for id := range onNode {
 		if live[id] {
@@ -310,9 +310,9 @@ func (s *Server) reconcile(ctx context.Context, nodeID string, c *edge.Client, a
 			slices.Contains(liveStates, sb.API.State) {
 			continue // created since the records were read
 		}
-		s.log.Info("reconcile: destroying orphan sandbox", "sandbox", id, "node", nodeID)
+		s.log.InfoContext(ctx, "reconcile: destroying orphan sandbox", "sandbox", id, "node", nodeID)
 		if err := c.Destroy(ctx, id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-			s.log.Warn("reconcile: destroy orphan", "sandbox", id, "err", err)
+			s.log.WarnContext(ctx, "reconcile: destroy orphan", "sandbox", id, "err", err)
 		}
 	}
 	return nil

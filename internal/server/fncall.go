@@ -263,7 +263,7 @@ func (s *Server) destroyStalePools(ctx context.Context) {
 	for {
 		page, next, err := s.store.ListSandboxes(ctx, f)
 		if err != nil {
-			s.log.Warn("fncall: list stale pool sandboxes", "err", err)
+			s.log.WarnContext(ctx, "fncall: list stale pool sandboxes", "err", err)
 			return
 		}
 		for _, sb := range page {
@@ -278,10 +278,10 @@ func (s *Server) destroyStalePools(ctx context.Context) {
 	}
 	for _, sb := range stale {
 		if err := s.destroy(ctx, sb); err != nil {
-			s.log.Warn("fncall: destroy a stale pool sandbox", "sandbox", sb.API.ID, "err", err)
+			s.log.WarnContext(ctx, "fncall: destroy a stale pool sandbox", "sandbox", sb.API.ID, "err", err)
 		}
 	}
 	if len(stale) > 0 {
-		s.log.Info("fncall: destroyed pool sandboxes of a previous run", "count", len(stale))
+		s.log.InfoContext(ctx, "fncall: destroyed pool sandboxes of a previous run", "count", len(stale))
 	}
 }

@@ -141,7 +141,7 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	if err := r.Context().Err(); err != nil {
-		s.log.Info("client left during a fork; destroying its copies", "fork", forkID, "sandbox", parent.API.ID)
+		s.log.InfoContext(ctx, "client left during a fork; destroying its copies", "fork", forkID, "sandbox", parent.API.ID)
 		return err
 	}
 	out := api.ForkResult{Fork: forkID, Parent: parent.API.ID, Layer: lay.Name + ":" + lay.Tag,
@@ -156,7 +156,7 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) error {
 	}
 	out.DurationMs = time.Since(start).Milliseconds()
 	f.done = true
-	s.log.Info("sandbox forked", "tenant", tenant, "sandbox", parent.API.ID, "fork", forkID, "count", req.Count,
+	s.log.InfoContext(ctx, "sandbox forked", "tenant", tenant, "sandbox", parent.API.ID, "fork", forkID, "count", req.Count,
 		"layer", out.Layer, "frozen", frozen, "duration", time.Since(start), "steps", len(prefix))
 	httpapi.WriteJSON(w, http.StatusCreated, out)
 	return nil
@@ -184,7 +184,7 @@ func (f *fork) undo(ctx context.Context) {
 	s := f.s
 	for _, id := range f.branches {
 		if _, err := s.store.DeleteSteps(ctx, f.tenant, id, 0); err != nil {
-			s.log.Warn("fork: drop the trajectory of a failed fork", "fork", f.id, "trajectory", id, "err", err)
+			s.log.WarnContext(ctx, "fork: drop the trajectory of a failed fork", "fork", f.id, "trajectory", id, "err", err)
 		}
 	}
 	if f.batch != nil {
@@ -195,12 +195,12 @@ func (f *fork) undo(ctx context.Context) {
 	}
 	l := f.layer
 	if err := s.store.DeleteLayer(ctx, l.Tenant, l.Name, l.Tag, l.Digest); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-		s.log.Warn("fork: remove the layer of a failed fork", "fork", f.id, "layer", l.Name+":"+l.Tag, "err", err)
+		s.log.WarnContext(ctx, "fork: remove the layer of a failed fork", "fork", f.id, "layer", l.Name+":"+l.Tag, "err", err)
 		return
 	}
 	s.layers.forget()
 	if _, err := s.removeUnused(ctx, []string{l.Digest}); err != nil {
-		s.log.Warn("fork: remove the objects of a failed fork", "fork", f.id, "digest", l.Digest, "err", err)
+		s.log.WarnContext(ctx, "fork: remove the objects of a failed fork", "fork", f.id, "digest", l.Digest, "err", err)
 	}
 }
 

@@ -50,7 +50,7 @@ func (s *Server) runGC(ctx context.Context, every time.Duration) {
 		case <-s.gcKick:
 		}
 		if err := s.collectCheckpoints(ctx); err != nil && ctx.Err() == nil {
-			s.log.Warn("collect checkpoints", "err", err)
+			s.log.WarnContext(ctx, "collect checkpoints", "err", err)
 		}
 		if _, err := s.collectLayers(ctx); err != nil && ctx.Err() == nil {
 			s.log.Warn("collect fork and build-cache layers", "err", err)
@@ -91,7 +91,7 @@ func (s *Server) collectCheckpoints(ctx context.Context) error {
 			}
 		}
 		s.metrics.checkpointsCollected.Add(float64(len(dead)))
-		s.log.Info("collected dead checkpoints", "count", len(dead), "layers_removed", removed)
+		s.log.InfoContext(ctx, "collected dead checkpoints", "count", len(dead), "layers_removed", removed)
 		if len(dead) < 100 {
 			return nil
 		}
@@ -125,7 +125,7 @@ func (s *Server) removeUnused(ctx context.Context, digests []string) (int, error
 	if err != nil {
 		return 0, err
 	}
-	s.log.Info("removed unused snapshot layers", "layers", st.Layers, "chunks", st.Chunks, "bytes", st.Bytes,
+	s.log.InfoContext(ctx, "removed unused snapshot layers", "layers", st.Layers, "chunks", st.Chunks, "bytes", st.Bytes,
 		"manifests_scanned", st.Scanned)
 	return st.Layers, nil
 }

@@ -110,7 +110,7 @@ func (s *Server) createLayer(w http.ResponseWriter, r *http.Request) error {
 	if err := s.store.PutLayer(r.Context(), l); err != nil {
 		return err
 	}
-	s.log.Info("layer stored", "tenant", p.Tenant, "layer", name+":"+tag, "digest", d.Digest, "size", d.Size,
+	s.log.InfoContext(r.Context(), "layer stored", "tenant", p.Tenant, "layer", name+":"+tag, "digest", d.Digest, "size", d.Size,
 		"chunks", d.Chunks, "new_chunks", d.NewChunks, "stored_bytes", d.StoredBytes)
 	httpapi.WriteJSON(w, http.StatusCreated, layerAPI(l))
 	return nil
@@ -167,7 +167,7 @@ func (s *Server) EnsureDefaultBase(ctx context.Context, busybox string) error {
 	if err != nil {
 		return fmt.Errorf("default base: %w", err)
 	}
-	s.log.Info("created default base layer base:minimal", "digest", img.Digest)
+	s.log.InfoContext(ctx, "created default base layer base:minimal", "digest", img.Digest)
 	defer s.layers.forget()
 	return s.store.PutLayer(ctx, store.Layer{
 		Tenant: AdminTenant, Name: "base", Tag: "minimal", Digest: img.Digest, Kind: api.KindBase,

@@ -72,7 +72,7 @@ func (s *Server) touch(ctx context.Context, sb store.Sandbox) {
 	a.written[sb.API.ID] = now
 	a.mu.Unlock()
 	if err := s.store.TouchSandbox(context.WithoutCancel(ctx), sb.API.ID, now); err != nil {
-		s.log.Warn("record activity", "sandbox", sb.API.ID, "err", err)
+		s.log.WarnContext(ctx, "record activity", "sandbox", sb.API.ID, "err", err)
 	}
 }
 
@@ -92,7 +92,7 @@ func (s *Server) touchBusy(ctx context.Context) {
 	a.mu.Unlock()
 	for _, id := range ids {
 		if err := s.store.TouchSandbox(ctx, id, now); err != nil {
-			s.log.Warn("record activity", "sandbox", id, "err", err)
+			s.log.WarnContext(ctx, "record activity", "sandbox", id, "err", err)
 		}
 	}
 }
@@ -182,7 +182,7 @@ func (s *Server) reap(ctx context.Context) {
 	} {
 		list, _, err := s.store.ListSandboxes(ctx, f)
 		if err != nil {
-			s.log.Warn("reap: list sandboxes", "err", err)
+			s.log.WarnContext(ctx, "reap: list sandboxes", "err", err)
 			return
 		}
 		for _, sb := range list {
@@ -226,8 +226,8 @@ func (s *Server) reapOne(ctx context.Context, id string) {
 	}
 	sb.API.Error = why
 	if err := s.destroy(ctx, sb); err != nil {
-		s.log.Warn("reap: destroy sandbox", "sandbox", id, "err", err)
+		s.log.WarnContext(ctx, "reap: destroy sandbox", "sandbox", id, "err", err)
 		return
 	}
-	s.log.Info("reaped sandbox", "sandbox", id, "tenant", sb.Tenant, "reason", why)
+	s.log.InfoContext(ctx, "reaped sandbox", "sandbox", id, "tenant", sb.Tenant, "reason", why)
 }

@@ -207,7 +207,7 @@ func (s *Server) setDrain(w http.ResponseWriter, r *http.Request, drain bool) er
 		return err
 	}
 	s.sched.SetNode(schedState(n))
-	s.log.Info("node drain changed", "node", id, "drain", drain)
+	s.log.InfoContext(r.Context(), "node drain changed", "node", id, "drain", drain)
 	httpapi.WriteJSON(w, http.StatusOK, s.nodeView(n))
 	return nil
 }

@@ -82,7 +82,7 @@ func (s *Server) setPhase(w http.ResponseWriter, r *http.Request) error {
 	if err := s.store.UpdateSandbox(ctx, &sb); err != nil {
 		return err
 	}
-	s.log.Info("phase", "sandbox", sb.API.ID, "phase", req.Phase)
+	s.log.InfoContext(ctx, "phase", "sandbox", sb.API.ID, "phase", req.Phase)
 	httpapi.WriteJSON(w, http.StatusOK, sb.API)
 	return nil
 }

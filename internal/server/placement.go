@@ -119,7 +119,7 @@ func (s *Server) placeAndBuild(ctx context.Context, sb *store.Sandbox, p plan, p
 		if !refusal(ctx, err) {
 			return fail(err)
 		}
-		s.log.Warn("node refused sandbox; trying another", "sandbox", sb.API.ID, "node", sb.API.Node,
+		s.log.WarnContext(ctx, "node refused sandbox; trying another", "sandbox", sb.API.ID, "node", sb.API.Node,
 			"tenant", sb.Tenant, "err", err)
 		req.Exclude, lastErr = append(req.Exclude, sb.API.Node), err
 	}
@@ -136,13 +136,13 @@ func (s *Server) recordFailed(ctx context.Context, sb *store.Sandbox, cause erro
 		err := s.store.UpdateSandbox(ctx, sb)
 		if !errors.Is(err, store.ErrConflict) {
 			if err != nil {
-				s.log.Error("record failed create", "sandbox", sb.API.ID, "err", err)
+				s.log.ErrorContext(ctx, "record failed create", "sandbox", sb.API.ID, "err", err)
 			}
 			return
 		}
 		fresh, gerr := s.store.GetSandbox(ctx, sb.API.ID)
 		if gerr != nil {
-			s.log.Error("record failed create", "sandbox", sb.API.ID, "err", gerr)
+			s.log.ErrorContext(ctx, "record failed create", "sandbox", sb.API.ID, "err", gerr)
 			return
 		}
 		sb.Version = fresh.Version

@@ -187,7 +187,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 	}
 	if r.Context().Err() != nil {
 		// Nobody is left to learn the id: destroy rather than leak.
-		s.log.Info("client left during create; destroying", "sandbox", sb.API.ID)
+		s.log.InfoContext(ctx, "client left during create; destroying", "sandbox", sb.API.ID)
 		s.destroy(ctx, sb)
 		return r.Context().Err()
 	}

@@ -36,6 +36,7 @@ import (
 	"github.com/dsec-project/dsec/internal/fncall"
 	"github.com/dsec-project/dsec/internal/httpapi"
 	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/reqid"
 	"github.com/dsec-project/dsec/internal/scheduler"
 	"github.com/dsec-project/dsec/internal/store"
 	"github.com/dsec-project/dsec/internal/ui"
@@ -152,6 +153,7 @@ func New(cfg Config) *Server {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	cfg.Logger = reqid.Logger(cfg.Logger)
 	if cfg.Defaults == (api.Resources{}) {
 		cfg.Defaults = api.Resources{CPU: 1, MemoryMB: 512, DiskMB: 10240, Pids: 1024}
 	}
@@ -265,7 +267,7 @@ func (s *Server) Run(ctx context.Context) {
 		if time.Since(lastPurge) > time.Hour {
 			lastPurge = time.Now()
 			if n, err := s.store.PurgeSandboxes(ctx, time.Now().Add(-24*time.Hour)); err == nil && n > 0 {
-				s.log.Info("purged records of deleted sandboxes", "count", n)
+				s.log.InfoContext(ctx, "purged records of deleted sandboxes", "count", n)
 			}
 		}
 		if time.Since(lastGC) >= gcEvery {
@@ -273,9 +275,9 @@ func (s *Server) Run(ctx context.Context) {
 			n, err := s.store.PurgeTrajectories(ctx, time.Now().Add(-s.cfg.TrajectoryRetention))
 			switch {
 			case err != nil:
-				s.log.Warn("purge trajectories", "err", err)
+				s.log.WarnContext(ctx, "purge trajectories", "err", err)
 			case n > 0:
-				s.log.Info("purged old trajectory steps", "count", n)
+				s.log.InfoContext(ctx, "purged old trajectory steps", "count", n)
 				s.kickGC() // their checkpoints are dead now
 			}
 		}
@@ -404,18 +406,22 @@ func (s *Server) authenticated(h func(http.ResponseWriter, *http.Request) error,
 	}
 }
 
-// instrument counts and times requests by route, and turns a panic into a
-// 500 rather than a dropped connection.
+// instrument gives each request its id (package reqid), counts, times and
+// logs requests by route (at debug level), and turns a panic into a 500
+// rather than a dropped connection.
 func (s *Server) instrument(route string, h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
+		r = reqid.Request(w, r)
+		r = r.WithContext(httpapi.WithLogger(r.Context(), s.log))
 		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
 		defer func() {
+			s.log.DebugContext(r.Context(), "request", "method", r.Method, "route", route, "status", sw.status, "duration", time.Since(start))
 			if v := recover(); v != nil {
 				if v == http.ErrAbortHandler {
 					panic(v)
 				}
-				s.log.Error("panic in handler", "route", route, "panic", v, "stack", string(debug.Stack()))
+				s.log.ErrorContext(r.Context(), "panic in handler", "route", route, "panic", v, "stack", string(debug.Stack()))
 				if !sw.wrote {
 					httpapi.WriteJSON(sw, http.StatusInternalServerError, api.ErrorResponse{Error: &api.Error{
 						Code: api.CodeInternal, Message: "internal error"}})

@@ -98,7 +98,7 @@ func (s *Server) packAside(ctx context.Context, sb store.Sandbox, n *node, name,
 		return store.Layer{}, 0, err
 	}
 	s.layers.forget() // the tag may have moved
-	s.log.Info("snapshot stored", "tenant", sb.Tenant, "sandbox", sb.API.ID, "layer", name+":"+tag,
+	s.log.InfoContext(ctx, "snapshot stored", "tenant", sb.Tenant, "sandbox", sb.API.ID, "layer", name+":"+tag,
 		"digest", res.Digest, "size", res.Size, "flattened", merge, "frozen_ms", res.FrozenMs)
 	return l, time.Duration(res.FrozenMs) * time.Millisecond, nil
 }

@@ -75,7 +75,7 @@ func (s *Server) startAndCollect(ctx context.Context, n *node, id string, req *a
 func (s *Server) follow(ctx context.Context, n *node, id, pid, stream string, live func(api.ExecEvent)) {
 	resp, err := n.client.AgentGet(ctx, id, "/procs/"+pid+"/output", url.Values{"stream": {stream}, "follow": {"1"}})
 	if err != nil {
-		s.log.Debug("follow step output", "sandbox", id, "process", pid, "err", err)
+		s.log.DebugContext(ctx, "follow step output", "sandbox", id, "process", pid, "err", err)
 		return
 	}
 	defer resp.Body.Close()

@@ -202,7 +202,7 @@ func (s *Server) step(ctx context.Context, sb store.Sandbox, n *node, req *api.E
 			done := s.steps.start(st.Attempt)
 			unlock()
 			if act != trajectory.Run {
-				log.Info("trajectory step runs again", "action", act.String())
+				log.InfoContext(ctx, "trajectory step runs again", "action", act.String())
 				s.kickGC() // checkpoints after this step are dead now
 			}
 			res, err := s.runStep(ctx, n, req, st, live)
@@ -252,7 +252,7 @@ func (s *Server) finishStep(ctx context.Context, n *node, st store.Step, pid str
 	err := s.store.FinishStep(ctx, st)
 	switch {
 	case errors.Is(err, store.ErrConflict):
-		s.log.Warn("trajectory step was dropped while it ran (a divergence at an earlier step, or a delete); its result is not recorded",
+		s.log.WarnContext(ctx, "trajectory step was dropped while it ran (a divergence at an earlier step, or a delete); its result is not recorded",
 			"tenant", st.Tenant, "trajectory", st.Trajectory, "step", st.Step, "sandbox", st.Sandbox)
 	case err != nil:
 		return fmt.Errorf("record trajectory %s step %d: %w", st.Trajectory, st.Step, err)
@@ -261,7 +261,7 @@ func (s *Server) finishStep(ctx context.Context, n *node, st store.Step, pid str
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		defer cancel()
 		if err := n.client.AgentJSON(ctx, st.Sandbox, http.MethodDelete, "/procs/"+pid, nil, nil, nil); err != nil {
-			s.log.Debug("forget step process", "sandbox", st.Sandbox, "process", pid, "err", err)
+			s.log.DebugContext(ctx, "forget step process", "sandbox", st.Sandbox, "process", pid, "err", err)
 		}
 	}()
 	return nil
@@ -280,7 +280,7 @@ func (s *Server) settle(ctx context.Context, rec store.Step) error {
 		return err
 	}
 	if err != nil || owner.Tenant != rec.Tenant || owner.DeletedAt != nil || owner.Generation != rec.Generation {
-		log.Info("trajectory step was running in a sandbox that is gone or was reset; it will run again")
+		log.InfoContext(ctx, "trajectory step was running in a sandbox that is gone or was reset; it will run again")
 		return s.dropStep(ctx, rec)
 	}
 	switch owner.API.State {
@@ -305,14 +305,14 @@ func (s *Server) settle(ctx context.Context, rec store.Step) error {
 		if p.Tag != tag {
 			continue
 		}
-		log.Info("trajectory step outlived its server; taking its result", "process", p.ID, "running", p.Running)
+		log.InfoContext(ctx, "trajectory step outlived its server; taking its result", "process", p.ID, "running", p.Running)
 		res, err := s.collect(ctx, n, rec.Sandbox, p.ID, nil)
 		if err != nil {
 			return err
 		}
 		return s.finishStep(ctx, n, rec, p.ID, res)
 	}
-	log.Warn("trajectory step was recorded as running but its process is not in the sandbox (it never started, or the sandbox restarted); it will run again")
+	log.WarnContext(ctx, "trajectory step was recorded as running but its process is not in the sandbox (it never started, or the sandbox restarted); it will run again")
 	return s.dropStep(ctx, rec)
 }
 

@@ -12,8 +12,10 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -106,10 +108,20 @@ func (b *Backend) Count() int {
 }
 
 // layers finds every layer: a simulated node has them all.
-type layers struct{}
+// layers is a node's layer source: every layer is there at once; the
+// node reports as cached what it fetched and what CacheLayers put there.
+type layers struct{ n *Node }
 
-func (layers) Fetch(_ context.Context, digest string) (backend.Layer, error) {
+func (l layers) Fetch(_ context.Context, digest string) (backend.Layer, error) {
+	l.n.CacheLayers(digest)
 	return backend.Layer{Digest: digest, Path: "/sim/" + digest}, nil
+}
+
+// Cached implements edge.CachedLayers.
+func (l layers) Cached() []string {
+	l.n.mu.Lock()
+	defer l.n.mu.Unlock()
+	return slices.Collect(maps.Keys(l.n.cached))
 }
 
 // Node is one simulated node.
@@ -122,8 +134,9 @@ type Node struct {
 	token   string
 	dead    atomic.Bool
 
-	mu   sync.Mutex
-	load api.NodeLoad
+	mu     sync.Mutex
+	load   api.NodeLoad
+	cached map[string]bool // layer digests
 
 	beforeList, afterList atomic.Pointer[func()]
 }
@@ -148,6 +161,17 @@ func (n *Node) SetLoad(l api.NodeLoad) {
 	n.load = l
 }
 
+// CacheLayers makes the node hold layers in its cache (and report them
+// in its heartbeats), as a node that ran them before would: tests that
+// are not about layer affinity start every node alike.
+func (n *Node) CacheLayers(digests ...string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, d := range digests {
+		n.cached[d] = true
+	}
+}
+
 // Addr is the node's edge address: only Cluster.NewClient reaches it.
 func (n *Node) Addr() string { return "http://sim-" + n.ID }
 
@@ -170,8 +194,8 @@ func NewCluster() *Cluster { return &Cluster{nodes: map[string]*Node{}} }
 // Add makes a simulated node with the given capacity and labels.
 func (c *Cluster) Add(ctx context.Context, id string, capacity api.Resources, labels map[string]string) (*Node, error) {
 	b := &Backend{}
-	n := &Node{ID: id, Labels: labels, Backend: b, token: "sim-token-" + id}
-	e, err := edge.New(ctx, edge.Config{NodeID: id, Backends: []backend.Backend{b}, Layers: layers{}, Capacity: capacity,
+	n := &Node{ID: id, Labels: labels, Backend: b, token: "sim-token-" + id, cached: map[string]bool{}}
+	e, err := edge.New(ctx, edge.Config{NodeID: id, Backends: []backend.Backend{b}, Layers: layers{n}, Capacity: capacity,
 		Load: func(context.Context) api.NodeLoad {
 			n.mu.Lock()
 			defer n.mu.Unlock()

@@ -105,11 +105,13 @@ func (s *Server) cgroupDirs() []string {
 // looked at again for a few seconds before it counts as left behind.
 func RequireNoSandboxLeft(t testing.TB, s *Server) {
 	t.Helper()
-	leaks := s.SandboxLeaks()
-	for deadline := time.Now().Add(10 * time.Second); len(leaks) > 0 && time.Now().Before(deadline); {
-		time.Sleep(200 * time.Millisecond)
-		leaks = s.SandboxLeaks()
-	}
+	var leaks []string
+	Poll(10*time.Second, func() error {
+		if leaks = s.SandboxLeaks(); len(leaks) > 0 {
+			return notYet{}
+		}
+		return nil
+	})
 	if len(leaks) > 0 {
 		t.Fatalf("left behind:\n  %s", strings.Join(leaks, "\n  "))
 	}

@@ -68,17 +68,10 @@ func NewOutside(t testing.TB) *Outside {
 		}
 	}
 	// Wait until the servers listen.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	EventuallyTrue(t, 5*time.Second, "outside web servers listening", func() bool {
 		out, _ := exec.Command("ip", "netns", "exec", o.NS, "/bin/busybox", "wget", "-q", "-O", "-", "http://"+o.Other+":8081/hello").Output()
-		if strings.Contains(string(out), "hello") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("outside web servers did not start")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return strings.Contains(string(out), "hello")
+	})
 	return o
 }
 

@@ -321,12 +321,7 @@ func StopBlobfs(dir string) {
 	}
 	syscall.Unmount(filepath.Join(dir, "mnt"), syscall.MNT_DETACH)
 	syscall.Kill(pid, syscall.SIGKILL)
-	for range 500 {
-		if syscall.Kill(pid, 0) != nil {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	Poll(5*time.Second, boolCond(func() bool { return syscall.Kill(pid, 0) != nil }))
 }
 
 // UnmountAll unmounts everything mounted under dir, deepest first.

@@ -150,7 +150,7 @@ func New(cfg Config) (*Backend, error) {
 	}
 	b := &Backend{
 		cfg:       cfg,
-		runc:      runc{bin: cfg.Runc, root: filepath.Join(cfg.Root, "runc")},
+		runc:      runc{bin: cfg.Runc, root: filepath.Join(cfg.Root, "runc"), log: cfg.Logger},
 		layers:    layers,
 		disks:     disks,
 		log:       cfg.Logger.With("backend", api.BackendContainer),
@@ -318,7 +318,7 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (err error) {
 	if err := backend.WriteJSONFile(filepath.Join(dir, "sandbox.json"), rec); err != nil {
 		return fmt.Errorf("create sandbox %s: %w", spec.ID, err)
 	}
-	b.log.Debug("created", "sandbox", spec.ID, "layers", t1.Sub(t0), "start", time.Since(t1))
+	b.log.DebugContext(ctx, "created", "sandbox", spec.ID, "layers", t1.Sub(t0), "start", time.Since(t1))
 	b.mu.Lock()
 	b.sandboxes[spec.ID] = rec
 	b.mu.Unlock()
@@ -393,7 +393,7 @@ func (b *Backend) start(ctx context.Context, rec *record) (err error) {
 		return fmt.Errorf("start sandbox %s: %w", id, err)
 	}
 	defer releaseRoot()
-	b.log.Debug("mounted", "sandbox", id, "disk", tRoot.Sub(tDisk), "rootfs", time.Since(tRoot))
+	b.log.DebugContext(ctx, "mounted", "sandbox", id, "disk", tRoot.Sub(tDisk), "rootfs", time.Since(tRoot))
 	spec, err := ociSpec(rec.Spec, rec.UIDs, rootfs, "/"+b.cfg.CgroupParent+"/"+id, rec.Lowers[len(rec.Lowers)-1], b.agentArgs())
 	if err != nil {
 		return err
@@ -419,7 +419,7 @@ func (b *Backend) start(ctx context.Context, rec *record) (err error) {
 	}
 	defer logf.Close()
 	t0 := time.Now()
-	defer func() { b.log.Debug("started container", "sandbox", id, "runc_run", time.Since(t0)) }()
+	defer func() { b.log.DebugContext(ctx, "started container", "sandbox", id, "runc_run", time.Since(t0)) }()
 	if err := b.runc.run(ctx, b.startNS, root, id, dir, listener, logf); err != nil {
 		b.runc.delete(context.WithoutCancel(ctx), id)
 		return err

@@ -47,7 +47,7 @@ func (b *Backend) limitCPU(ctx context.Context, rec *record) error {
 		if err == nil {
 			return nil
 		}
-		b.log.Warn("commands run in the agent's cpu cgroup: its quota throttles the agent too", "sandbox", id, "err", err)
+		b.log.WarnContext(ctx, "commands run in the agent's cpu cgroup: its quota throttles the agent too", "sandbox", id, "err", err)
 		return os.WriteFile(filepath.Join(dir, "cpu.cfs_quota_us"), []byte(strconv.FormatInt(quota, 10)), 0)
 	}
 	if dir, ok := st.CgroupPaths[""]; ok {

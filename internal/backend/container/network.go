@@ -131,7 +131,7 @@ func (b *Backend) connect(ctx context.Context, rec *record) error {
 	if err := b.nets.net.Attach(sandboxnet.VethName(rec.Spec.ID, rec.Starts), st.InitPid, rec.IP); err != nil {
 		return err
 	}
-	b.log.Debug("connected", "sandbox", rec.Spec.ID, "attach", t1.Sub(t0), "rules", t2.Sub(t1), "veth", time.Since(t2))
+	b.log.DebugContext(ctx, "connected", "sandbox", rec.Spec.ID, "attach", t1.Sub(t0), "rules", t2.Sub(t1), "veth", time.Since(t2))
 	return nil
 }
 

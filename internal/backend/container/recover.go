@@ -34,7 +34,7 @@ const repairWorkers = 8
 //   - unmounts layers no sandbox uses and removes stale runtime layers.
 func (b *Backend) Recover(ctx context.Context) ([]backend.Spec, error) {
 	if b.runc.waitStray(ctx, 30*time.Second) {
-		b.log.Info("recover: waited for runc commands the previous edge left running")
+		b.log.InfoContext(ctx, "recover: waited for runc commands the previous edge left running")
 	}
 	entries, err := os.ReadDir(filepath.Join(b.cfg.Root, "sandboxes"))
 	if err != nil {
@@ -54,9 +54,9 @@ func (b *Backend) Recover(ctx context.Context) ([]backend.Spec, error) {
 		}
 		rec, err := readRecord(filepath.Join(b.dir(id), "sandbox.json"))
 		if err != nil {
-			b.log.Info("recover: removing unfinished sandbox", "sandbox", id, "reason", err)
+			b.log.InfoContext(ctx, "recover: removing unfinished sandbox", "sandbox", id, "reason", err)
 			if err := b.teardown(ctx, id, nil); err != nil {
-				b.log.Warn("recover: cleanup failed", "sandbox", id, "err", err)
+				b.log.WarnContext(ctx, "recover: cleanup failed", "sandbox", id, "err", err)
 			}
 			continue
 		}
@@ -88,7 +88,7 @@ func (b *Backend) Recover(ctx context.Context) ([]backend.Spec, error) {
 			adopted = append(adopted, rec)
 		case err == nil && st.Status == "running":
 			if why := b.unreachable(ctx, id); why != nil {
-				b.log.Warn("recover: the agent of a running sandbox cannot be reached; restarting it", "sandbox", id, "reason", why)
+				b.log.WarnContext(ctx, "recover: the agent of a running sandbox cannot be reached; restarting it", "sandbox", id, "reason", why)
 				broken = append(broken, rec)
 				break
 			}
@@ -117,10 +117,10 @@ func (b *Backend) Recover(ctx context.Context) ([]backend.Spec, error) {
 		if _, err := b.layers.Acquire(ctx, l.Digest, mount.Source{Image: l.Path, Device: l.Device, DirectIO: l.OnDemand}); err != nil {
 			// The sandbox runs on (its overlay holds the old mount); a reset
 			// would fail until the layer mounts again.
-			b.log.Error("recover: mount a missing layer again", "layer", l.Digest, "err", err)
+			b.log.ErrorContext(ctx, "recover: mount a missing layer again", "layer", l.Digest, "err", err)
 			continue
 		}
-		b.log.Info("recover: mounted a missing layer again", "layer", l.Digest)
+		b.log.InfoContext(ctx, "recover: mounted a missing layer again", "layer", l.Digest)
 	}
 	// After a host reboot every sandbox is broken: restart them a few at a
 	// time, not one by one.
@@ -135,11 +135,11 @@ func (b *Backend) Recover(ctx context.Context) ([]backend.Spec, error) {
 		go func() {
 			defer func() { <-workers; wg.Done() }()
 			if err := b.repair(ctx, rec); err != nil {
-				b.log.Error("recover: cannot restart sandbox; removing it", "sandbox", rec.Spec.ID, "err", err)
+				b.log.ErrorContext(ctx, "recover: cannot restart sandbox; removing it", "sandbox", rec.Spec.ID, "err", err)
 				b.teardown(ctx, rec.Spec.ID, rec)
 				return
 			}
-			b.log.Info("recover: restarted sandbox over its kept files", "sandbox", rec.Spec.ID)
+			b.log.InfoContext(ctx, "recover: restarted sandbox over its kept files", "sandbox", rec.Spec.ID)
 			mu.Lock()
 			specs = append(specs, rec.Spec)
 			mu.Unlock()
@@ -150,7 +150,7 @@ func (b *Backend) Recover(ctx context.Context) ([]backend.Spec, error) {
 	if ids, err := b.runc.list(ctx); err == nil {
 		for _, id := range ids {
 			if !known[id] && !b.ownsBlank(id) { // a blank the pool started meanwhile
-				b.log.Info("recover: deleting orphan container", "sandbox", id)
+				b.log.InfoContext(ctx, "recover: deleting orphan container", "sandbox", id)
 				b.runc.delete(ctx, id)
 			}
 		}
@@ -261,7 +261,7 @@ func (b *Backend) resetCutShort(ctx context.Context, id string) bool {
 	if _, err := os.Stat(filepath.Join(dir, "disk.next.img")); err != nil {
 		return false
 	}
-	b.log.Warn("recover: a reset in place was cut short; restarting the sandbox empty", "sandbox", id)
+	b.log.WarnContext(ctx, "recover: a reset in place was cut short; restarting the sandbox empty", "sandbox", id)
 	b.runc.delete(ctx, id)
 	mount.Unmount(filepath.Join(dir, "rootfs"))
 	mount.Unmount(filepath.Join(dir, "disk"))
@@ -298,9 +298,9 @@ func (b *Backend) thawAfterSnapshot(ctx context.Context, id string) {
 		return
 	}
 	if err := b.runc.resume(ctx, id); err != nil {
-		b.log.Error("recover: thaw a sandbox a snapshot left frozen", "sandbox", id, "err", err)
+		b.log.ErrorContext(ctx, "recover: thaw a sandbox a snapshot left frozen", "sandbox", id, "err", err)
 		return
 	}
 	os.Remove(marker)
-	b.log.Warn("recover: thawed a sandbox a snapshot left frozen", "sandbox", id)
+	b.log.WarnContext(ctx, "recover: thawed a sandbox a snapshot left frozen", "sandbox", id)
 }

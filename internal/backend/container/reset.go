@@ -33,11 +33,11 @@ func (b *Backend) Reset(ctx context.Context, id string) error {
 	t0 := time.Now()
 	err = b.resetInPlace(ctx, rec, nil)
 	if err == nil {
-		b.log.Debug("reset in place", "sandbox", id, "took", time.Since(t0))
+		b.log.DebugContext(ctx, "reset in place", "sandbox", id, "took", time.Since(t0))
 		return nil
 	}
 	if !errors.Is(err, agent.ErrNoReset) {
-		b.log.Warn("reset in place failed; restarting the container", "sandbox", id, "err", err)
+		b.log.WarnContext(ctx, "reset in place failed; restarting the container", "sandbox", id, "err", err)
 	}
 	return b.restart(ctx, id, rec)
 }
@@ -147,7 +147,7 @@ func (b *Backend) resetInPlace(ctx context.Context, rec *record, ident *agent.Re
 	}
 	resetCounters(st)
 	b.recordBaseline(id)
-	b.log.Debug("reset in place: steps", "sandbox", id, "disk", tRoot.Sub(tDisk), "overlay", tAgent.Sub(tRoot),
+	b.log.DebugContext(ctx, "reset in place: steps", "sandbox", id, "disk", tRoot.Sub(tDisk), "overlay", tAgent.Sub(tRoot),
 		"agent", tSwap.Sub(tAgent), "agent_reported", time.Duration(res.DurationMs)*time.Millisecond,
 		"killed", res.Killed, "swap", tWait.Sub(tSwap), "agent_up", tUp.Sub(tWait), "cpu_and_baseline", time.Since(tUp))
 	return nil

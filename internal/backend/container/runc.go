@@ -22,6 +22,7 @@ import (
 type runc struct {
 	bin  string
 	root string
+	log  *slog.Logger
 }
 
 // runState is the part of `runc state` we read.
@@ -105,7 +106,7 @@ func (r runc) delete(ctx context.Context, id string) error {
 			}
 		}
 	}
-	slog.Debug("fast delete failed; runc delete --force takes over", "sandbox", id, "err", err)
+	r.log.DebugContext(ctx, "fast delete failed; runc delete --force takes over", "sandbox", id, "err", err)
 	err = r.simple(ctx, "delete", "--force", id)
 	if err != nil && strings.Contains(err.Error(), "not found") {
 		return nil

@@ -334,7 +334,7 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (err error) {
 	if err := b.boot(ctx, v, true); err != nil {
 		return err
 	}
-	b.log.Debug("created", "sandbox", spec.ID, "boot", time.Since(t0), "accel", b.Accel())
+	b.log.DebugContext(ctx, "created", "sandbox", spec.ID, "boot", time.Since(t0), "accel", b.Accel())
 	b.mu.Lock()
 	b.vms[spec.ID] = v
 	b.mu.Unlock()
@@ -391,7 +391,7 @@ func (b *Backend) boot(ctx context.Context, v *vm, freshDisk bool) (err error) {
 		return err
 	}
 	if err := b.cfg.VMM.Booted(ctx, &v.Machine, p); err != nil {
-		b.log.Warn("after boot", "sandbox", id, "err", err)
+		b.log.WarnContext(ctx, "after boot", "sandbox", id, "err", err)
 	}
 	if err := backend.WriteJSONFile(filepath.Join(dir, "vm.json"), v.record()); err != nil {
 		return fmt.Errorf("boot sandbox %s: %w", id, err)
@@ -611,7 +611,7 @@ func (b *Backend) State(ctx context.Context, id string) (string, error) {
 		if ctx.Err() != nil {
 			return "", ctx.Err()
 		}
-		b.log.Warn("guest does not answer", "sandbox", id, "err", err)
+		b.log.WarnContext(ctx, "guest does not answer", "sandbox", id, "err", err)
 		return api.StateFailed, nil
 	}
 	return api.StateRunning, nil

@@ -37,9 +37,9 @@ func (b *Backend) Recover(ctx context.Context) ([]backend.Spec, error) {
 		id := e.Name()
 		v, err := readVM(filepath.Join(b.dir(id), "vm.json"))
 		if err != nil {
-			b.log.Info("recover: removing unfinished sandbox", "sandbox", id, "reason", err)
+			b.log.InfoContext(ctx, "recover: removing unfinished sandbox", "sandbox", id, "reason", err)
 			if err := b.teardown(ctx, id, nil); err != nil {
-				b.log.Warn("recover: cleanup failed", "sandbox", id, "err", err)
+				b.log.WarnContext(ctx, "recover: cleanup failed", "sandbox", id, "err", err)
 			}
 			continue
 		}
@@ -66,11 +66,11 @@ func (b *Backend) Recover(ctx context.Context) ([]backend.Spec, error) {
 				v.Machine.Initrd = b.initrd // its image is gone: boot the current one
 			}
 			if err := b.repair(ctx, v); err != nil {
-				b.log.Error("recover: cannot boot sandbox again; removing it", "sandbox", id, "err", err)
+				b.log.ErrorContext(ctx, "recover: cannot boot sandbox again; removing it", "sandbox", id, "err", err)
 				b.teardown(ctx, id, v)
 				continue
 			}
-			b.log.Info("recover: booted again a sandbox whose VM had stopped", "sandbox", id)
+			b.log.InfoContext(ctx, "recover: booted again a sandbox whose VM had stopped", "sandbox", id)
 		}
 		if st, err := b.cfg.VMM.Status(ctx, &v.Machine, v.proc()); err == nil && st == StatusPaused {
 			v.link.paused.Store(true)
@@ -174,7 +174,7 @@ func (b *Backend) killOrphans(ctx context.Context, known map[string]bool) {
 				continue
 			}
 			if p, err := ProcessOf(pid); err == nil {
-				b.log.Info("recover: killing orphan VM", "sandbox", id, "pid", pid)
+				b.log.InfoContext(ctx, "recover: killing orphan VM", "sandbox", id, "pid", pid)
 				p.Kill(ctx)
 				b.removeCgroup(id)
 			}

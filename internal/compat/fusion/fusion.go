@@ -305,7 +305,7 @@ func (h *Handler) run(ctx context.Context, req *RunCodeRequest) (*RunCodeRespons
 	for _, f := range req.FetchFiles {
 		data, err := box.ReadFile(ctx, resolve(f))
 		if err != nil {
-			h.cfg.Logger.Debug("run_code: fetch file", "path", f, "err", err)
+			h.cfg.Logger.DebugContext(ctx, "run_code: fetch file", "path", f, "err", err)
 			continue // SandboxFusion leaves out files it cannot read
 		}
 		resp.Files[f] = base64.StdEncoding.EncodeToString(data)

@@ -25,8 +25,8 @@ from .errors import (AlreadyExistsError, ApiError, DeadlineExceededError, DsecCo
                      DsecTimeoutError, ExecError, FailedPreconditionError, InternalError, InvalidArgumentError,
                      NotFoundError, PermissionDeniedError, ResourceExhaustedError, TooLargeError, UnauthenticatedError,
                      UnavailableError)
-from .models import (BatchItem, BatchProgress, ExecResult, FileInfo, Layer, OutputChunk, OutputPage, Pool, ProcessInfo,
-                     Profile, SandboxInfo, Trajectory)
+from .models import (Admission, APIKey, BatchItem, BatchProgress, Checkpoint, ExecResult, FileInfo, Health, Layer, Node,
+                     OutputChunk, OutputPage, Pool, ProcessInfo, Profile, SandboxInfo, Tenant, Trajectory, TrajectoryLog)
 
 __version__ = "0.1.0"
 
@@ -39,5 +39,6 @@ __all__ = [
     "DeadlineExceededError", "UnavailableError", "InternalError", "DsecConnectionError", "DsecTimeoutError",
     "ExecError",
     "SandboxInfo", "ExecResult", "OutputChunk", "ProcessInfo", "OutputPage", "FileInfo", "Layer", "BatchItem",
-    "BatchProgress", "Pool", "Profile", "Trajectory",
+    "BatchProgress", "Pool", "Profile", "Trajectory", "Health", "Node", "Admission", "Tenant", "APIKey", "Checkpoint",
+    "TrajectoryLog",
 ]

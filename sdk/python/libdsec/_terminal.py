@@ -5,11 +5,13 @@ report the exit."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any, Dict, Mapping, Optional, Sequence, Union
 from urllib.parse import urlencode
 
 from . import _ops
+from .errors import DsecTimeoutError
 from ._websocket import OP_BINARY, OP_TEXT, AsyncWebSocket, Closed, WebSocket
 
 __all__ = ["Terminal", "AsyncTerminal"]
@@ -119,10 +121,18 @@ class AsyncTerminal(_Common):
     async def send(self, data: Union[bytes, str]) -> None:
         await self._ws.send(OP_BINARY, _text(data))
 
-    async def recv(self) -> bytes:
+    async def recv(self, timeout: Optional[float] = None) -> bytes:
+        """The next output (at least one byte), or ``b""`` at the end; see
+        :meth:`Terminal.recv`."""
         while True:
             try:
-                op, payload = await self._ws.recv()
+                if timeout is None:
+                    op, payload = await self._ws.recv()
+                else:
+                    try:
+                        op, payload = await asyncio.wait_for(self._ws.recv(), timeout)
+                    except asyncio.TimeoutError:
+                        raise DsecTimeoutError(f"no terminal output for {timeout} s") from None
             except Closed as c:
                 return self._on_close(c)
             if op == OP_TEXT:
@@ -130,10 +140,11 @@ class AsyncTerminal(_Common):
             elif payload:
                 return payload
 
-    async def read_all(self) -> bytes:
+    async def read_all(self, timeout: Optional[float] = None) -> bytes:
+        """Output until the command exits."""
         out = []
         while True:
-            b = await self.recv()
+            b = await self.recv(timeout)
             if not b:
                 return b"".join(out)
             out.append(b)

@@ -18,7 +18,7 @@ from ._retry import delay, should_retry
 from .client import ProgressArg, progress_bar
 from .errors import ApiError, DsecError, error_from_response
 from .models import (BatchItem, BatchProgress, ExecResult, FileInfo, Layer, OutputChunk, OutputPage, Pool as PoolInfo,
-                     ProcessInfo, Profile, SandboxInfo, parse_exec_event, parse_output_event)
+                     Health, ProcessInfo, Profile, SandboxInfo, TrajectoryLog, parse_exec_event, parse_output_event)
 
 __all__ = ["AsyncClient", "AsyncSandbox", "AsyncProcess", "AsyncExecStream", "AsyncBatchResult"]
 
@@ -61,19 +61,34 @@ class AsyncClient(AsyncAdminCalls):
         data = await resp.read(req.timeout or self.timeout)
         return json.loads(data) if data else None
 
-    async def health(self) -> Dict[str, Any]:
-        return await self._json(_ops.jreq("GET", "/healthz"))
+    async def health(self) -> Health:
+        """``GET /healthz``."""
+        return Health.from_json(await self._json(_ops.jreq("GET", "/healthz")))
 
-    async def create(self, *, timeout: Optional[float] = None, **spec: Any) -> "AsyncSandbox":
+    async def create(self, *, layers: _ops.Layers = None, base: Optional[str] = None,
+                     workspace: Optional[str] = None, toolkit: Optional[str] = None, backend: Optional[str] = None,
+                     snapshot: Optional[str] = None, resources: Optional[Mapping[str, Any]] = None,
+                     cpu: Optional[float] = None, memory_mb: Optional[int] = None, disk_mb: Optional[int] = None,
+                     pids: Optional[int] = None, network: Union[str, Mapping[str, Any], None] = None,
+                     phase: Optional[str] = None, phases: Optional[Mapping[str, Any]] = None, profile: Optional[str] = None,
+                     ttl_seconds: Optional[int] = None, idle_timeout_seconds: Optional[int] = None,
+                     labels: Optional[Mapping[str, str]] = None, env: Optional[Mapping[str, str]] = None,
+                     burst: bool = False, admission_timeout_seconds: Optional[int] = None,
+                     timeout: Optional[float] = None) -> "AsyncSandbox":
         """Creates a sandbox (``burst=True`` may put it on a cloud burst
         node); like :meth:`libdsec.Client.create`, it waits while the nodes
         with room are busy, up to ``admission_timeout_seconds`` (60)."""
-        d = await self._json(_ops.create(_ops.spec(**spec), timeout))
+        body = _ops.spec(layers=layers, base=base, workspace=workspace, toolkit=toolkit, backend=backend, snapshot=snapshot,
+                        resources=resources, cpu=cpu, memory_mb=memory_mb, disk_mb=disk_mb, pids=pids, network=network,
+                        phase=phase, phases=phases, profile=profile, ttl_seconds=ttl_seconds,
+                        idle_timeout_seconds=idle_timeout_seconds, labels=labels, env=env, burst=burst,
+                        admission_timeout_seconds=admission_timeout_seconds)
+        d = await self._json(_ops.create(body, timeout))
         return AsyncSandbox(self, SandboxInfo.from_json(d))
 
-    async def trajectory(self, id: str) -> Dict[str, Any]:
+    async def trajectory(self, id: str) -> TrajectoryLog:
         """The trajectory log; see :meth:`libdsec.Client.trajectory`."""
-        return await self._json(_ops.jreq("GET", _ops.trajectory_path(id)))
+        return TrajectoryLog.from_json(await self._json(_ops.jreq("GET", _ops.trajectory_path(id))))
 
     async def delete_trajectory(self, id: str, *, from_step: int = 0) -> None:
         """Drops a trajectory's steps; see :meth:`libdsec.Client.delete_trajectory`."""
@@ -104,11 +119,24 @@ class AsyncClient(AsyncAdminCalls):
             resp.close()
         raise DsecError("the build stream ended without a result")
 
-    async def create_batch(self, count: int, *, progress: ProgressArg = None, timeout: Optional[float] = None,
-                           **spec: Any) -> "AsyncBatchResult":
+    async def create_batch(self, count: int, *, layers: _ops.Layers = None, base: Optional[str] = None,
+                           workspace: Optional[str] = None, toolkit: Optional[str] = None, backend: Optional[str] = None,
+                           snapshot: Optional[str] = None, resources: Optional[Mapping[str, Any]] = None,
+                           cpu: Optional[float] = None, memory_mb: Optional[int] = None, disk_mb: Optional[int] = None,
+                           pids: Optional[int] = None, network: Union[str, Mapping[str, Any], None] = None,
+                           phase: Optional[str] = None, phases: Optional[Mapping[str, Any]] = None, profile: Optional[str] = None,
+                           ttl_seconds: Optional[int] = None, idle_timeout_seconds: Optional[int] = None,
+                           labels: Optional[Mapping[str, str]] = None, env: Optional[Mapping[str, str]] = None,
+                           burst: bool = False, admission_timeout_seconds: Optional[int] = None,
+                           progress: ProgressArg = None, timeout: Optional[float] = None) -> "AsyncBatchResult":
         """Creates ``count`` sandboxes in one call; see :meth:`libdsec.Client.create_batch`."""
         cb = progress_bar() if progress is True else (progress or None)
-        resp = await self._send(_ops.batch(count, _ops.spec(**spec), None))
+        body = _ops.spec(layers=layers, base=base, workspace=workspace, toolkit=toolkit, backend=backend, snapshot=snapshot,
+                        resources=resources, cpu=cpu, memory_mb=memory_mb, disk_mb=disk_mb, pids=pids, network=network,
+                        phase=phase, phases=phases, profile=profile, ttl_seconds=ttl_seconds,
+                        idle_timeout_seconds=idle_timeout_seconds, labels=labels, env=env, burst=burst,
+                        admission_timeout_seconds=admission_timeout_seconds)
+        resp = await self._send(_ops.batch(count, body, None))
         items: List[Optional[BatchItem]] = [None] * count
         result: Optional[Dict[str, Any]] = None
         try:
@@ -139,17 +167,18 @@ class AsyncClient(AsyncAdminCalls):
 
     async def list(self, *, labels: Optional[Mapping[str, str]] = None,
                    state: Union[str, Sequence[str], None] = None, all: bool = False,
-                   page_size: int = 1000) -> List["AsyncSandbox"]:
-        """Every sandbox of the tenant matching the filters (all pages)."""
-        out: List[AsyncSandbox] = []
+                   page_size: int = 1000) -> AsyncIterator["AsyncSandbox"]:
+        """Iterates over the tenant's sandboxes matching the filters, every
+        page, in id order (``async for sb in client.list(...)``)."""
         token = ""
         while True:
             page = await self._json(_ops.jreq("GET", "/v1/sandboxes",
                                               query=_ops.list_query(labels, state, all, page_size, token)))
-            out += [AsyncSandbox(self, SandboxInfo.from_json(d)) for d in page.get("sandboxes") or []]
+            for d in page.get("sandboxes") or []:
+                yield AsyncSandbox(self, SandboxInfo.from_json(d))
             token = page.get("next_page_token", "")
             if not token:
-                return out
+                return
 
     async def delete(self, sandbox_id: str) -> None:
         await (await self._send(_ops.jreq("DELETE", _ops.sb_path(sandbox_id)))).read(self.timeout)
@@ -167,8 +196,10 @@ class AsyncClient(AsyncAdminCalls):
         return res.check() if check else res
 
     async def warm_pool(self, size: int, *, layers: _ops.Layers = None, base: Optional[str] = None,
+                        workspace: Optional[str] = None, toolkit: Optional[str] = None,
                         resources: Optional[Mapping[str, Any]] = None) -> PoolInfo:
-        body: Dict[str, Any] = {"layers": _ops.layers_obj(layers, base, None, None) or {"base": "base:minimal"},
+        """Makes the FnCall pool of a layer stack hold at least ``size`` sandboxes."""
+        body: Dict[str, Any] = {"layers": _ops.layers_obj(layers, base, workspace, toolkit) or {"base": "base:minimal"},
                                 "size": size}
         if resources:
             body["resources"] = dict(resources)
@@ -290,6 +321,10 @@ class AsyncSandbox:
     async def processes(self) -> List["AsyncProcess"]:
         d = await self.client._json(_ops.jreq("GET", _ops.proc_path(self.id)))
         return [AsyncProcess(self, ProcessInfo.from_json(p)) for p in d["processes"]]
+
+    async def process(self, pid: str) -> "AsyncProcess":
+        """A background process by id (``p-1``...)."""
+        return await AsyncProcess(self, ProcessInfo(id=pid)).refresh()
 
     async def screenshot(self) -> bytes:
         resp = await self.client._send(_ops.screen(self.id, self.client.timeout))

@@ -21,7 +21,7 @@ from ._websocket import WebSocket
 from ._retry import delay, should_retry
 from .errors import ApiError, DsecError, error_from_response
 from .models import (BatchItem, BatchProgress, ExecResult, FileInfo, Layer, OutputChunk, OutputPage, Pool as PoolInfo,
-                     ProcessInfo, Profile, SandboxInfo, parse_exec_event, parse_output_event)
+                     Health, ProcessInfo, Profile, SandboxInfo, TrajectoryLog, parse_exec_event, parse_output_event)
 
 __all__ = ["Client", "Sandbox", "Process", "ExecStream", "BatchResult", "progress_bar"]
 
@@ -98,11 +98,20 @@ class Client(AdminCalls):
 
     # -- sandboxes ----------------------------------------------------------------------------
 
-    def health(self) -> Dict[str, Any]:
+    def health(self) -> Health:
         """``GET /healthz``."""
-        return self._json(_ops.jreq("GET", "/healthz"))
+        return Health.from_json(self._json(_ops.jreq("GET", "/healthz")))
 
-    def create(self, *, timeout: Optional[float] = None, **spec: Any) -> "Sandbox":
+    def create(self, *, layers: _ops.Layers = None, base: Optional[str] = None,
+               workspace: Optional[str] = None, toolkit: Optional[str] = None, backend: Optional[str] = None,
+               snapshot: Optional[str] = None, resources: Optional[Mapping[str, Any]] = None,
+               cpu: Optional[float] = None, memory_mb: Optional[int] = None, disk_mb: Optional[int] = None,
+               pids: Optional[int] = None, network: Union[str, Mapping[str, Any], None] = None,
+               phase: Optional[str] = None, phases: Optional[Mapping[str, Any]] = None, profile: Optional[str] = None,
+               ttl_seconds: Optional[int] = None, idle_timeout_seconds: Optional[int] = None,
+               labels: Optional[Mapping[str, str]] = None, env: Optional[Mapping[str, str]] = None,
+               burst: bool = False, admission_timeout_seconds: Optional[int] = None,
+               timeout: Optional[float] = None) -> "Sandbox":
         """Creates a sandbox and returns it running.
 
         Keyword args: ``layers`` (a base ref or ``{"base", "workspace",
@@ -119,11 +128,23 @@ class Client(AdminCalls):
         ``with client.create(...) as sb:`` renews its lease in the background
         while the block runs and destroys it on exit.
         """
-        body = _ops.spec(**spec)
+        body = _ops.spec(layers=layers, base=base, workspace=workspace, toolkit=toolkit, backend=backend, snapshot=snapshot,
+                        resources=resources, cpu=cpu, memory_mb=memory_mb, disk_mb=disk_mb, pids=pids, network=network,
+                        phase=phase, phases=phases, profile=profile, ttl_seconds=ttl_seconds,
+                        idle_timeout_seconds=idle_timeout_seconds, labels=labels, env=env, burst=burst,
+                        admission_timeout_seconds=admission_timeout_seconds)
         return Sandbox(self, SandboxInfo.from_json(self._json(_ops.create(body, timeout))))
 
-    def create_batch(self, count: int, *, progress: ProgressArg = None, timeout: Optional[float] = None,
-                     **spec: Any) -> "BatchResult":
+    def create_batch(self, count: int, *, layers: _ops.Layers = None, base: Optional[str] = None,
+                     workspace: Optional[str] = None, toolkit: Optional[str] = None, backend: Optional[str] = None,
+                     snapshot: Optional[str] = None, resources: Optional[Mapping[str, Any]] = None,
+                     cpu: Optional[float] = None, memory_mb: Optional[int] = None, disk_mb: Optional[int] = None,
+                     pids: Optional[int] = None, network: Union[str, Mapping[str, Any], None] = None,
+                     phase: Optional[str] = None, phases: Optional[Mapping[str, Any]] = None, profile: Optional[str] = None,
+                     ttl_seconds: Optional[int] = None, idle_timeout_seconds: Optional[int] = None,
+                     labels: Optional[Mapping[str, str]] = None, env: Optional[Mapping[str, str]] = None,
+                     burst: bool = False, admission_timeout_seconds: Optional[int] = None,
+                     progress: ProgressArg = None, timeout: Optional[float] = None) -> "BatchResult":
         """Creates ``count`` sandboxes (up to 32,768) from one spec in one call.
 
         Partial success is normal: see :attr:`BatchResult.sandboxes` and
@@ -134,7 +155,12 @@ class Client(AdminCalls):
         the batch made.
         """
         cb = progress_bar() if progress is True else (progress or None)
-        resp = self._send(_ops.batch(count, _ops.spec(**spec), None))
+        body = _ops.spec(layers=layers, base=base, workspace=workspace, toolkit=toolkit, backend=backend, snapshot=snapshot,
+                        resources=resources, cpu=cpu, memory_mb=memory_mb, disk_mb=disk_mb, pids=pids, network=network,
+                        phase=phase, phases=phases, profile=profile, ttl_seconds=ttl_seconds,
+                        idle_timeout_seconds=idle_timeout_seconds, labels=labels, env=env, burst=burst,
+                        admission_timeout_seconds=admission_timeout_seconds)
+        resp = self._send(_ops.batch(count, body, None))
         items: List[Optional[BatchItem]] = [None] * count
         result: Optional[Dict[str, Any]] = None
         with resp:
@@ -214,10 +240,10 @@ class Client(AdminCalls):
 
     # -- trajectories -------------------------------------------------------------------------
 
-    def trajectory(self, id: str) -> Dict[str, Any]:
-        """The trajectory log: ``{"id", "steps", "checkpoint_every", "checkpoints"}``
-        (steps without their output)."""
-        return self._json(_ops.jreq("GET", _ops.trajectory_path(id)))
+    def trajectory(self, id: str) -> TrajectoryLog:
+        """The trajectory log: ``id``, ``steps`` (without their output),
+        ``checkpoint_every`` and ``checkpoints``."""
+        return TrajectoryLog.from_json(self._json(_ops.jreq("GET", _ops.trajectory_path(id))))
 
     def delete_trajectory(self, id: str, *, from_step: int = 0) -> None:
         """Drops a trajectory's steps from ``from_step`` on (all of them by

@@ -5,8 +5,8 @@ and keeps the raw dict in ``raw`` for fields this version does not know."""
 from __future__ import annotations
 
 import base64
-from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from dataclasses import dataclass, field, fields
+from typing import Any, Dict, List, Optional
 
 from .errors import ApiError, ExecError, error_from_code
 
@@ -23,6 +23,13 @@ __all__ = [
     "Pool",
     "Profile",
     "Trajectory",
+    "Health",
+    "Node",
+    "Admission",
+    "Tenant",
+    "APIKey",
+    "Checkpoint",
+    "TrajectoryLog",
 ]
 
 
@@ -329,3 +336,125 @@ class Trajectory:
     step: int
     checkpoint_every: int = 0
 
+
+
+class _Answer:
+    """An API answer as a dataclass whose fields are its JSON's keys. For
+    code written when these answers were dicts, ``answer["key"]``,
+    ``answer.get("key")`` and ``"key" in answer`` read the JSON (``raw``)
+    too."""
+
+    raw: Dict[str, Any]
+
+    def __getitem__(self, key: str) -> Any:
+        return self.raw[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.raw.get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.raw
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]):  # type: ignore[no-untyped-def]
+        kw = {f.name: d[f.name] for f in fields(cls) if f.name != "raw" and d.get(f.name) is not None}  # type: ignore[arg-type]
+        return cls(**kw, raw=d)  # type: ignore[call-arg]
+
+
+@dataclass
+class Health(_Answer):
+    """``GET /healthz``: the server serves, with ``nodes`` connected."""
+
+    ok: bool = False
+    nodes: int = 0
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass
+class Node(_Answer):
+    """A node of the cluster (admin key): ``state`` is ``up``, ``down`` or
+    ``draining``; resources are the API's JSON of them."""
+
+    id: str = ""
+    addr: str = ""
+    state: str = ""
+    capacity: Dict[str, Any] = field(default_factory=dict)
+    limit: Dict[str, Any] = field(default_factory=dict)
+    allocated: Dict[str, Any] = field(default_factory=dict)
+    sandboxes: int = 0
+    load: Dict[str, Any] = field(default_factory=dict)
+    backends: List[str] = field(default_factory=list)
+    labels: Dict[str, str] = field(default_factory=dict)
+    pool: str = ""
+    cached_layers: int = 0
+    last_seen: str = ""
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass
+class Admission(_Answer):
+    """The answering server's admission queue: creates waiting for busy nodes."""
+
+    waiting: int = 0
+    tenants: int = 0
+    oldest_wait_ms: int = 0
+    admitted: int = 0
+    timed_out: int = 0
+    left: int = 0
+    max_cpu_load: float = 0.0
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass
+class Tenant(_Answer):
+    """A tenant; ``quota`` (0 or absent: unlimited) and ``usage`` where the
+    call reports them."""
+
+    id: str = ""
+    name: str = ""
+    created_at: str = ""
+    quota: Dict[str, Any] = field(default_factory=dict)
+    usage: Dict[str, Any] = field(default_factory=dict)
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass
+class APIKey(_Answer):
+    """An API key of a tenant, without its secret."""
+
+    id: str = ""
+    tenant: str = ""
+    admin: bool = False
+    created_at: str = ""
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass
+class Checkpoint(_Answer):
+    """A checkpoint of a trajectory: the sandbox's snapshot after ``step``."""
+
+    step: int = 0
+    snapshot: str = ""
+    digest: str = ""
+    size: int = 0
+    sandbox: str = ""
+    generation: int = 0
+    created_at: str = ""
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass
+class TrajectoryLog(_Answer):
+    """A trajectory's log: its ``steps`` (the API's JSON of each, without
+    output) and ``checkpoints``."""
+
+    id: str = ""
+    steps: List[Dict[str, Any]] = field(default_factory=list)
+    checkpoint_every: int = 0
+    checkpoints: List[Checkpoint] = field(default_factory=list)
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "TrajectoryLog":
+        return cls(d.get("id", ""), d.get("steps") or [], int(d.get("checkpoint_every") or 0),
+                   [Checkpoint.from_json(c) for c in d.get("checkpoints") or []], d)

@@ -71,7 +71,7 @@ func New(ctx context.Context, cfg Config) (*VMM, error) {
 		if ok, why := probeKVM(ctx, bin, cfg.Kernel, cfg.CacheDir); ok {
 			v.accel = "kvm"
 		} else {
-			cfg.Logger.Info("microvm: KVM cannot run a guest here; using TCG emulation", "reason", why)
+			cfg.Logger.InfoContext(ctx, "microvm: KVM cannot run a guest here; using TCG emulation", "reason", why)
 		}
 	default:
 		return nil, fmt.Errorf("qemu: unknown accelerator %q (want kvm, tcg or auto)", cfg.Accel)
