@@ -30,17 +30,16 @@ func (a *testAgent) state(t *testing.T) (fds, threads, children int) {
 			threads, _ = strconv.Atoi(strings.TrimSpace(v))
 		}
 	}
-	procs, _ := os.ReadDir("/proc")
-	for _, e := range procs {
-		st, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+	// The children of the agent's threads, from the kernel: not a scan of
+	// every process on the machine, whose /proc files can block on a
+	// process stuck in another test's file system.
+	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	for _, e := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", pid, e.Name()))
 		if err != nil {
 			continue
 		}
-		// pid (comm) state ppid ...
-		f := strings.Fields(string(st[strings.LastIndexByte(string(st), ')')+1:]))
-		if len(f) > 1 && f[1] == strconv.Itoa(pid) {
-			children++
-		}
+		children += len(strings.Fields(string(b)))
 	}
 	return len(ents), threads, children
 }
