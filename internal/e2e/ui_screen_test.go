@@ -53,13 +53,17 @@ func TestDashboardScreen(t *testing.T) {
 	if err != nil {
 		t.Fatalf("create: %v", err)
 	}
-	defer c.DeleteSandbox(context.Background(), sb.ID)
-	t.Cleanup(func() {
+	t.Cleanup(func() { c.DeleteSandbox(context.Background(), sb.ID) })
+	t.Cleanup(func() { // before the delete
+
 		if t.Failed() {
 			dumpProcesses(t, c, sb.ID)
 		}
 	})
 
+	t0 := time.Now()
+	step := func(what string) { t.Logf("%s: %s", time.Since(t0).Round(time.Millisecond), what) }
+	step("start")
 	b := newBrowser(t, s.URL)
 	b.signIn(s.Key)
 	b.waitJS("overview", "document.querySelector('[data-test=count-running]')")
@@ -71,6 +75,7 @@ func TestDashboardScreen(t *testing.T) {
 	b.waitJS("the screen image at the display's size",
 		"document.querySelector('#screen')?.complete && document.querySelector('#screen').naturalWidth === 1024 && document.querySelector('#screen').naturalHeight === 768")
 	b.waitJS("the terminal on the screen image", screenColours+" >= 2")
+	step("screen shown")
 
 	// Click the terminal on the image, at the screen's (200, 200), so it
 	// has the keyboard (X without a window manager: the window under the
@@ -83,6 +88,7 @@ func TestDashboardScreen(t *testing.T) {
 })()`)
 	b.run("click the terminal on the screen", chromedp.MouseClickXY(xy[0], xy[1]))
 	b.run("type a command", chromedp.SendKeys(chromedp.ID("screen-text"), "echo typed > /tmp/t"+kb.Enter))
+	step("typed")
 	poll(t, 20*time.Second, "the typed command's file", func() bool {
 		r, err := c.Exec(ctx, sb.ID, &api.ExecRequest{Cmd: []string{"cat", "/tmp/t"}})
 		return err == nil && r.ExitCode == 0 && r.Stdout == "typed\n"
@@ -94,4 +100,40 @@ func TestDashboardScreen(t *testing.T) {
 	frames := eval[int](b, "Number(document.querySelector('#screen').dataset.frames)")
 	b.waitJS("newer frames", fmt.Sprintf("Number(document.querySelector('#screen').dataset.frames) >= %d", frames+2))
 	b.screenshot("screen")
+	step("file read back")
+
+	// The X server's socket goes away (as before an X server is up): the
+	// page drawn then has no screen, and shows it once the socket is back.
+	sh := func(cmd string) {
+		t.Helper()
+		if r, err := c.Exec(ctx, sb.ID, &api.ExecRequest{Shell: cmd}); err != nil || r.ExitCode != 0 {
+			t.Fatalf("%s: %+v, %v", cmd, r, err)
+		}
+	}
+	sh("mv /tmp/.X11-unix/X0 /tmp/X0.away")
+	poll(t, 10*time.Second, "no display", func() bool {
+		g, err := c.GetSandbox(ctx, sb.ID)
+		return err == nil && g.Display == nil
+	})
+	b.open("#/sandboxes")
+	b.open("#/sandbox/" + sb.ID)
+	b.waitJS("no screen yet", "document.querySelector('#screen-slot') && !document.querySelector('#screen')")
+	sh("mv /tmp/X0.away /tmp/.X11-unix/X0")
+	step("slot waiting")
+	b.waitJS("the screen once the X server is back",
+		"document.querySelector('#screen')?.naturalWidth === 1024 && "+screenColours+" >= 2")
+
+	// A reset from the page takes the desktop down and the agent brings it
+	// back: the page shows the new screen.
+	b.run("reset", chromedp.Click(chromedp.CSS("[data-action=reset]")))
+	step("screen back; reset")
+	b.waitText("#action-msg", "Reset: done")
+	if _, err := c.ReadFile(ctx, sb.ID, "/tmp/t"); err == nil {
+		t.Error("the typed command's file survived the reset")
+	}
+	b.waitJS("the screen after the reset",
+		"document.querySelector('#screen')?.naturalWidth === 1024 && "+screenColours+" >= 2")
+	b.waitJS("no error left", "document.querySelector('#screen-msg')?.textContent === ''")
+	b.screenshot("screen-reset")
+	step("after reset")
 }
