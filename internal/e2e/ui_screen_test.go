@@ -41,7 +41,10 @@ const screenColours = `(() => {
 func TestDashboardScreen(t *testing.T) {
 	testutil.Require(t, testutil.Tool("chromium"), testutil.Tool("Xvfb"), testutil.Tool("xterm"),
 		testutil.Tool("python3"), testutil.Tool("dpkg-query"))
+	t0 := time.Now()
+	step := func(what string) { t.Logf("%s: %s", time.Since(t0).Round(time.Millisecond), what) }
 	s := startServer(t)
+	step("server up")
 	c := s.Client
 	ctx, cancel := context.WithTimeout(context.Background(), 80*time.Second)
 	defer cancel()
@@ -53,17 +56,14 @@ func TestDashboardScreen(t *testing.T) {
 	if err != nil {
 		t.Fatalf("create: %v", err)
 	}
-	t.Cleanup(func() { c.DeleteSandbox(context.Background(), sb.ID) })
+	t.Cleanup(func() { c.DeleteSandbox(context.Background(), sb.ID); step("deleted") })
 	t.Cleanup(func() { // before the delete
-
 		if t.Failed() {
 			dumpProcesses(t, c, sb.ID)
 		}
 	})
 
-	t0 := time.Now()
-	step := func(what string) { t.Logf("%s: %s", time.Since(t0).Round(time.Millisecond), what) }
-	step("start")
+	step("created")
 	b := newBrowser(t, s.URL)
 	b.signIn(s.Key)
 	b.waitJS("overview", "document.querySelector('[data-test=count-running]')")
