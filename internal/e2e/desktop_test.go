@@ -44,6 +44,20 @@ func pngColours(t *testing.T, b []byte) int {
 	return len(seen)
 }
 
+// buildDesktopToolkit builds desktopToolkit on s from this host's
+// packages (the caller requires Xvfb, xterm, python3 and dpkg-query).
+func buildDesktopToolkit(ctx context.Context, t *testing.T, s *testutil.Server) {
+	t.Helper()
+	build := exec.CommandContext(ctx, "bash", filepath.Join(testutil.RepoRoot(), "examples", "build_desktop_toolkit.sh"))
+	build.Env = append(os.Environ(), "DSEC_URL="+s.URL, "DSEC_API_KEY="+s.Key, "NAME="+desktopToolkit,
+		"DSEC="+filepath.Join(testutil.Binaries(t), "dsec"))
+	start := time.Now()
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build the desktop toolkit: %v\n%s", err, out)
+	}
+	t.Logf("desktop toolkit built in %s", time.Since(start).Round(time.Millisecond))
+}
+
 // poll calls ok until it is true or d passes.
 func poll(t *testing.T, d time.Duration, what string, ok func() bool) {
 	t.Helper()
@@ -70,14 +84,7 @@ func TestDesktopContainer(t *testing.T) {
 	c := s.Client
 	ctx, cancel := context.WithTimeout(context.Background(), 80*time.Second)
 	defer cancel()
-	build := exec.CommandContext(ctx, "bash", filepath.Join(testutil.RepoRoot(), "examples", "build_desktop_toolkit.sh"))
-	build.Env = append(os.Environ(), "DSEC_URL="+s.URL, "DSEC_API_KEY="+s.Key, "NAME="+desktopToolkit,
-		"DSEC="+filepath.Join(testutil.Binaries(t), "dsec"))
-	start := time.Now()
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build the desktop toolkit: %v\n%s", err, out)
-	}
-	t.Logf("desktop toolkit built in %s", time.Since(start).Round(time.Millisecond))
+	buildDesktopToolkit(ctx, t, s)
 	sb, err := c.CreateSandbox(ctx, &api.CreateSandboxRequest{
 		Layers:    &api.LayerRefs{Base: "base:minimal", Toolkit: desktopToolkit},
 		Resources: api.Resources{MemoryMB: 256},

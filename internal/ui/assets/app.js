@@ -4,7 +4,7 @@
 import { call, key, setKey, clearKey, whoami, q } from "./api.js";
 import { h, badge, errorBox, bar, fmt, bytes, when } from "./dom.js";
 import { terminalCard, closeTerminal } from "./terminal.js";
-import { processesCard, screenCard, stopLive } from "./live.js";
+import { processesCard, screenSlot, stopLive } from "./live.js";
 
 const main = document.getElementById("main");
 const session = { admin: null }; // learnt from GET /v1/nodes after sign-in
@@ -239,7 +239,7 @@ async function sandbox(r) {
       h("div", { class: "card" }, h("h2", {}, "Layers"), s.snapshot ? kv({ snapshot: s.snapshot }) : kv(s.layers || {}))),
   ];
   if (s.state === "running") {
-    if (s.display) out.push(screenCard(base, s.display));
+    out.push(screenSlot(base, s));
     out.push(terminalCard(base), execCard(base), processesCard(base), filesCard(base));
   }
   else out.push(h("p", { class: "muted" }, "Commands and files need a running sandbox."));

@@ -87,41 +87,82 @@ export function processesCard(base) {
 export function screenCard(base, display) {
   const img = h("img", { id: "screen", class: "screen", alt: "the sandbox's screen" });
   const msg = h("div", { id: "screen-msg" });
-  const text = h("input", { id: "screen-text", class: "mono", placeholder: "text to type, then Enter", size: 40 });
+  const text = h("input", { id: "screen-text", class: "mono", placeholder: "text to type, then Enter", size: 40, autocomplete: "off" });
   let url = "", stopped = false, timer = 0;
-  const input = actions => call(base + "/input", { method: "POST", body: { actions } }).catch(e => msg.replaceChildren(errorBox(e)));
+  const input = actions => call(base + "/input", { method: "POST", body: { actions } })
+    .then(() => msg.replaceChildren(), e => msg.replaceChildren(errorBox(e)));
   const tick = async () => {
     try {
       const resp = await fetch(base + "/screen", { headers: { "Authorization": "Bearer " + key() } });
-      if (!resp.ok) throw new Error("screen: HTTP " + resp.status);
+      if (!resp.ok) {
+        let m = "HTTP " + resp.status;
+        try { m = (await resp.json()).error.message; } catch (_) { /* not JSON */ }
+        throw new Error("screen: " + m);
+      }
       const blob = await resp.blob();
       if (stopped) return;
       const next = URL.createObjectURL(blob);
+      // Swapped in once decoded, so the image never shows a blank frame.
+      const pre = new Image();
+      pre.src = next;
+      await pre.decode();
+      if (stopped) { URL.revokeObjectURL(next); return; }
       img.src = next;
       if (url) URL.revokeObjectURL(url);
       url = next;
       img.dataset.frames = String(Number(img.dataset.frames || 0) + 1);
-      msg.replaceChildren();
-    } catch (e) { msg.replaceChildren(errorBox(e)); }
+      if (msg.querySelector("[data-screen]")) msg.replaceChildren();
+    } catch (e) { msg.replaceChildren(h("div", { "data-screen": "" }, errorBox(e))); }
     if (!stopped) timer = setTimeout(tick, 1000);
   };
   const stop = () => { stopped = true; clearTimeout(timer); if (url) URL.revokeObjectURL(url); };
   running.add(stop);
   queueMicrotask(tick);
   img.addEventListener("click", ev => {
+    if (!img.naturalWidth) return; // no frame yet
     const r = img.getBoundingClientRect();
-    const x = Math.round((ev.clientX - r.left) * img.naturalWidth / r.width);
-    const y = Math.round((ev.clientY - r.top) * img.naturalHeight / r.height);
+    const clamp = (v, n) => Math.min(n - 1, Math.max(0, Math.floor(v)));
+    const x = clamp((ev.clientX - r.left) * img.naturalWidth / r.width, img.naturalWidth);
+    const y = clamp((ev.clientY - r.top) * img.naturalHeight / r.height, img.naturalHeight);
     input([{ type: "click", x, y }]);
   });
-  return h("div", { class: "card" }, h("h2", {}, "Screen" + (display ? " (" + display.width + "×" + display.height + ")" : "")),
+  return h("div", { class: "card", id: "screen-card" }, h("h2", {}, "Screen" + (display ? " (" + display.width + "×" + display.height + ")" : "")),
     h("form", {
       class: "row", id: "screen-type", onsubmit: ev => {
         ev.preventDefault();
-        input([{ type: "type", text: text.value }, { type: "key", keys: "Return" }]);
+        const actions = [{ type: "key", keys: "Return" }];
+        if (text.value) actions.unshift({ type: "type", text: text.value });
+        input(actions);
         text.value = "";
       }
     }, text, h("button", { type: "submit" }, "Type + Enter"),
       h("span", { class: "muted" }, "click the image to click there; refreshed every second")),
     msg, img);
+}
+
+// screenSlot is the screen card of a running sandbox with a display. A
+// sandbox's display can come up after the page is drawn (a desktop
+// toolkit's X server starts with the sandbox and again after a reset): for
+// a while, the slot asks again every 2 s and shows the card once there is
+// a display.
+export function screenSlot(base, s) {
+  if (s.display) return screenCard(base, s.display);
+  const slot = h("div", { id: "screen-slot", hidden: true });
+  let stopped = false, timer = 0;
+  const until = Date.now() + 30000;
+  const look = async () => {
+    try {
+      const now = await call(base);
+      if (stopped) return;
+      if (now.state === "running" && now.display) {
+        slot.replaceWith(screenCard(base, now.display));
+        return;
+      }
+    } catch (_) { /* the page shows the sandbox's errors */ }
+    if (!stopped && Date.now() < until) timer = setTimeout(look, 2000);
+  };
+  const stop = () => { stopped = true; clearTimeout(timer); };
+  running.add(stop);
+  timer = setTimeout(look, 2000);
+  return slot;
 }
