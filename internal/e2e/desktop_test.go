@@ -82,7 +82,7 @@ func TestDesktopContainer(t *testing.T) {
 	testutil.Require(t, testutil.Tool("Xvfb"), testutil.Tool("xterm"), testutil.Tool("python3"), testutil.Tool("dpkg-query"))
 	s := startServer(t)
 	c := s.Client
-	ctx, cancel := context.WithTimeout(context.Background(), 80*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	buildDesktopToolkit(ctx, t, s)
 	sb, err := c.CreateSandbox(ctx, &api.CreateSandboxRequest{

@@ -46,7 +46,7 @@ func TestDashboardScreen(t *testing.T) {
 	s := startServer(t)
 	step("server up")
 	c := s.Client
-	ctx, cancel := context.WithTimeout(context.Background(), 80*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	buildDesktopToolkit(ctx, t, s)
 	sb, err := c.CreateSandbox(ctx, &api.CreateSandboxRequest{
