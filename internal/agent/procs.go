@@ -35,6 +35,7 @@ type proc struct {
 	started        time.Time
 	stdout, stderr *output
 	done           chan struct{} // closed once exited and drained
+	in             *input        // stdin kept open (stdin_open), or nil
 
 	mu     sync.Mutex
 	exited *time.Time
@@ -45,6 +46,7 @@ func (p *proc) view() api.Process {
 	out, _ := p.stdout.size()
 	errOut, _ := p.stderr.size()
 	v := api.Process{ID: p.id, StartedAt: p.started, OutputSize: out + errOut, Tag: p.tag}
+	v.StdinOpen = p.in.isOpen() && !isClosed(p.done)
 	if p.child != nil {
 		v.Pid = p.child.pid
 	}
@@ -153,6 +155,20 @@ func (s *Server) startBackground(spec *execSpec) (api.Process, error) {
 	}
 	if c != nil {
 		p.child, p.started = c.child, c.started
+		if spec.keepStdin {
+			p.in = &input{f: c.io.stdin, pty: c.io.pty != nil}
+			if p.in.pty {
+				p.in.f = c.io.pty
+			}
+			if spec.stdin != nil {
+				// Written first, before any write through the route.
+				p.in.mu.Lock()
+				go func() {
+					defer p.in.mu.Unlock()
+					_, _ = p.in.f.Write(spec.stdin) // EPIPE, or closed by drain
+				}()
+			}
+		}
 	}
 	s.procs.add(p)
 	if se != nil {
