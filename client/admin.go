@@ -281,3 +281,9 @@ func (c *Client) WriteStdin(ctx context.Context, id, proc string, data []byte) e
 func (c *Client) CloseStdin(ctx context.Context, id, proc string) error {
 	return c.do(ctx, http.MethodPost, procPath(id, proc)+"/stdin/close", nil, nil, nil)
 }
+
+// ResizeProcess sets the window size of a background process's terminal
+// (one started with TTY).
+func (c *Client) ResizeProcess(ctx context.Context, id, proc string, rows, cols int) error {
+	return c.do(ctx, http.MethodPost, procPath(id, proc)+"/resize", nil, &api.TTYSize{Rows: rows, Cols: cols}, nil)
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"sync"
@@ -36,6 +37,7 @@ type proc struct {
 	stdout, stderr *output
 	done           chan struct{} // closed once exited and drained
 	in             *input        // stdin kept open (stdin_open), or nil
+	pty            *os.File      // the terminal's master side (tty), or nil
 
 	mu     sync.Mutex
 	exited *time.Time
@@ -154,18 +156,19 @@ func (s *Server) startBackground(spec *execSpec) (api.Process, error) {
 		return api.Process{}, err
 	}
 	if c != nil {
-		p.child, p.started = c.child, c.started
+		p.child, p.started, p.pty = c.child, c.started, c.io.pty
 		if spec.keepStdin {
-			p.in = &input{f: c.io.stdin, pty: c.io.pty != nil}
-			if p.in.pty {
-				p.in.f = c.io.pty
+			f := c.io.stdin
+			if c.io.pty != nil {
+				f = c.io.pty
 			}
+			p.in = newInput(f, c.io.pty != nil)
 			if spec.stdin != nil {
 				// Written first, before any write through the route.
-				p.in.mu.Lock()
+				p.in.turn <- struct{}{}
 				go func() {
-					defer p.in.mu.Unlock()
-					_, _ = p.in.f.Write(spec.stdin) // EPIPE, or closed by drain
+					defer p.in.release()
+					_, _ = f.Write(spec.stdin) // EPIPE, or closed by drain or close
 				}()
 			}
 		}

@@ -173,6 +173,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /procs/{id}/stdin", s.handleStdin)
 	mux.HandleFunc("POST /procs/{id}/stdin/close", s.handleCloseStdin)
 	mux.HandleFunc("DELETE /procs/{id}/stdin", s.handleCloseStdin)
+	mux.HandleFunc("POST /procs/{id}/resize", s.handleResize)
 	mux.HandleFunc("GET /files", s.handleGetFile)
 	mux.HandleFunc("PUT /files", s.handlePutFile)
 	mux.HandleFunc("DELETE /files", s.handleDeleteFile)

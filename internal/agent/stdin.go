@@ -7,10 +7,11 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
+	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/errdefs"
 )
 
@@ -28,21 +29,44 @@ const (
 // side. The command's drain closes the file when the process has exited;
 // close closes a pipe sooner.
 type input struct {
-	mu     sync.Mutex // serialises writes, so that each body lands whole
+	turn   chan struct{} // a token per writer, so that each body lands whole
 	f      *os.File
 	pty    bool
-	closed bool
+	closed atomic.Bool
+}
+
+func newInput(f *os.File, pty bool) *input {
+	return &input{turn: make(chan struct{}, 1), f: f, pty: pty}
 }
 
 // errInputClosed is a write after close.
 var errInputClosed = errors.New("stdin is closed")
 
+// acquire waits for the writers before (the initial stdin among them) up
+// to stdinWriteTimeout or until ctx ends.
+func (in *input) acquire(ctx context.Context) error {
+	t := time.NewTimer(stdinWriteTimeout)
+	defer t.Stop()
+	select {
+	case in.turn <- struct{}{}:
+		return nil
+	case <-t.C:
+		return os.ErrDeadlineExceeded
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (in *input) release() { <-in.turn }
+
 // write writes data whole, giving up after stdinWriteTimeout or when ctx
 // ends, and says how much went.
 func (in *input) write(ctx context.Context, data []byte) (int, error) {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	if in.closed {
+	if err := in.acquire(ctx); err != nil {
+		return 0, err
+	}
+	defer in.release()
+	if in.closed.Load() {
 		return 0, errInputClosed
 	}
 	if err := in.f.SetWriteDeadline(time.Now().Add(stdinWriteTimeout)); err != nil {
@@ -53,33 +77,28 @@ func (in *input) write(ctx context.Context, data []byte) (int, error) {
 	return in.f.Write(data)
 }
 
-// close ends the input. A pipe is closed, so its reader sees end of file.
-// A terminal stays open (its master side carries the output too): close
-// types ^D (EOT), the end of file of a terminal in canonical mode at the
+// close ends the input. A pipe is closed at once (a write blocked on it
+// fails), so its reader sees end of file. A terminal stays open (its
+// master side carries the output too): close types ^D (EOT) after the
+// writes before it, the end of file of a terminal in canonical mode at the
 // start of a line.
-func (in *input) close() error {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	if in.closed {
+func (in *input) close(ctx context.Context) error {
+	if in.closed.Swap(true) {
 		return nil
 	}
-	in.closed = true
-	if in.pty {
-		_ = in.f.SetWriteDeadline(time.Now().Add(stdinWriteTimeout))
-		_, err := in.f.Write([]byte{4})
+	if !in.pty {
+		return in.f.Close()
+	}
+	if err := in.acquire(ctx); err != nil {
 		return err
 	}
-	return in.f.Close()
+	defer in.release()
+	_ = in.f.SetWriteDeadline(time.Now().Add(stdinWriteTimeout))
+	_, err := in.f.Write([]byte{4})
+	return err
 }
 
-func (in *input) isOpen() bool {
-	if in == nil {
-		return false
-	}
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	return !in.closed
-}
+func (in *input) isOpen() bool { return in != nil && !in.closed.Load() }
 
 // stdinTarget is the process a stdin request names, with its input, or
 // the error that says why it takes none.
@@ -146,8 +165,40 @@ func (s *Server) handleCloseStdin(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if err := p.in.close(); err != nil && !errors.Is(err, os.ErrClosed) {
+	if err := p.in.close(r.Context()); err != nil && !errors.Is(err, os.ErrClosed) {
 		s.writeError(w, r, fmt.Errorf("close stdin of process %s: %w", p.id, err))
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// handleResize sets the window size of a background process's terminal;
+// the kernel sends SIGWINCH to its foreground process group.
+func (s *Server) handleResize(w http.ResponseWriter, r *http.Request) {
+	p := s.proc(w, r)
+	if p == nil {
+		return
+	}
+	var size api.TTYSize
+	if err := decodeJSON(w, r, &size, 1<<10); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	var err error
+	switch {
+	case p.pty == nil:
+		err = fmt.Errorf("resize process %s: it does not run on a terminal (start it with tty): %w", p.id, errdefs.ErrFailedPrecondition)
+	case p.child == nil || isClosed(p.child.done):
+		err = fmt.Errorf("resize process %s: it has exited: %w", p.id, errdefs.ErrFailedPrecondition)
+	default:
+		err = setSize(p.pty, size.Rows, size.Cols)
+		if err != nil && isClosed(p.child.done) {
+			// It exited meanwhile, and drain closed the terminal.
+			err = fmt.Errorf("resize process %s: it has exited: %w", p.id, errdefs.ErrFailedPrecondition)
+		}
+	}
+	if err != nil {
+		s.writeError(w, r, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)

@@ -114,3 +114,36 @@ func TestStdinOpen(t *testing.T) {
 		return n <= fds
 	})
 }
+
+func TestResize(t *testing.T) {
+	testutil.Require(t, testutil.Tool("stty"))
+	a := startAgent(t)
+	// The shell reports its terminal's size each time it is told of a
+	// change (SIGWINCH), as "rows cols".
+	p := a.startBackground(t, api.ExecRequest{
+		Shell:     `trap 'stty size' WINCH; stty size; while :; do sleep 0.05; done`,
+		StdinOpen: true, TTY: &api.TTYSize{Rows: 24, Cols: 80},
+	})
+	eventually(t, "the first size", func() bool {
+		got, _, _, _ := a.output(t, p.ID, "stream=stdout")
+		return strings.Contains(got, "24 80")
+	})
+	resp, body := a.do("POST", "/procs/"+p.ID+"/resize", strings.NewReader(`{"rows": 30, "cols": 100}`))
+	wantStatus(t, resp, body, http.StatusNoContent)
+	eventually(t, "the new size", func() bool {
+		got, _, _, _ := a.output(t, p.ID, "stream=stdout")
+		return strings.Contains(got, "30 100")
+	})
+	resp, body = a.do("POST", "/procs/"+p.ID+"/resize", strings.NewReader(`{"rows": 0, "cols": 100}`))
+	wantError(t, resp, body, api.CodeInvalid)
+	resp, body = a.do("POST", "/procs/"+p.ID+"/signal?signal=KILL", nil)
+	wantStatus(t, resp, body, http.StatusOK)
+	resp, body = a.do("GET", "/procs/"+p.ID+"/wait?timeout_ms=30000", nil)
+	wantStatus(t, resp, body, http.StatusOK)
+	resp, body = a.do("POST", "/procs/"+p.ID+"/resize", strings.NewReader(`{"rows": 30, "cols": 100}`))
+	wantError(t, resp, body, api.CodeFailedPrecondition)
+
+	q := a.startBackground(t, api.ExecRequest{Cmd: []string{"true"}})
+	resp, body = a.do("POST", "/procs/"+q.ID+"/resize", strings.NewReader(`{"rows": 30, "cols": 100}`))
+	wantError(t, resp, body, api.CodeFailedPrecondition)
+}

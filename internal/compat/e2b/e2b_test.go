@@ -193,6 +193,10 @@ func (f *fakeBackend) Agent(ctx context.Context, id, method, path string, q url.
 			f.stdin = append(f.stdin, string(b))
 		}
 		return ok("")
+	case method == "POST" && path == "/procs/p-1/resize":
+		b, _ := io.ReadAll(body)
+		f.stdin = append(f.stdin, "<resize "+string(b)+">")
+		return ok("")
 	case path == "/procs/p-1/signal":
 		f.signals = append(f.signals, q.Get("signal"))
 		return ok(`{}`)
@@ -755,11 +759,15 @@ func TestEnvdInput(t *testing.T) {
 	if _, err := pc.CloseStdin(ctx, connect.NewRequest(&process.CloseStdinRequest{Process: pid42})); err != nil {
 		t.Fatalf("close stdin: %v", err)
 	}
+	if _, err := pc.Update(ctx, connect.NewRequest(&process.UpdateRequest{Process: pid42,
+		Pty: &process.PTY{Size: &process.PTY_Size{Rows: 30, Cols: 100}}})); err != nil {
+		t.Fatalf("update: %v", err)
+	}
 	f.mu.Lock()
 	got := f.stdin
 	f.noStdin = true
 	f.mu.Unlock()
-	want := []string{"hello\n", "typed", big[:1<<20], big[1<<20:], "a", "b", "<close>"}
+	want := []string{"hello\n", "typed", big[:1<<20], big[1<<20:], "a", "b", "<close>", `<resize {"rows":30,"cols":100}>`}
 	if !slices.Equal(got, want) {
 		t.Errorf("agent stdin writes: %d %.40q, want %d %.40q", len(got), got, len(want), want)
 	}

@@ -385,8 +385,23 @@ func endEvent(r *api.ExecResult) *process.ProcessEvent_EndEvent {
 	return ev
 }
 
-func (s *processService) Update(context.Context, *connect.Request[process.UpdateRequest]) (*connect.Response[process.UpdateResponse], error) {
-	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec: resizing a process's terminal is not supported through E2B; use /v1/sandboxes/{id}/terminal"))
+// Update resizes a process's terminal.
+func (s *processService) Update(ctx context.Context, req *connect.Request[process.UpdateRequest]) (*connect.Response[process.UpdateResponse], error) {
+	t, err := mustTarget(ctx)
+	if err != nil {
+		return nil, err
+	}
+	p, err := s.find(ctx, t, req.Msg.GetProcess())
+	if err != nil {
+		return nil, err
+	}
+	if pty := req.Msg.GetPty(); pty != nil {
+		size := &api.TTYSize{Rows: int(pty.GetSize().GetRows()), Cols: int(pty.GetSize().GetCols())}
+		if err := s.h.agentJSON(ctx, t.id, http.MethodPost, "/procs/"+p.ID+"/resize", nil, size, nil); err != nil {
+			return nil, connectError(err)
+		}
+	}
+	return connect.NewResponse(&process.UpdateResponse{}), nil
 }
 
 // StreamInput takes input events on a client stream: a start naming the
