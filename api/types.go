@@ -245,6 +245,12 @@ type ExecRequest struct {
 	// TTY runs the command on a pseudo-terminal of that size: its output
 	// is one merged stream, reported as stdout.
 	TTY *TTYSize `json:"tty,omitempty"`
+	// StdinOpen keeps a background process's stdin open after Stdin (if
+	// any) was written: write to it with POST
+	// /v1/sandboxes/{id}/processes/{pid}/stdin and close it with
+	// POST …/stdin/close. On a TTY, input goes to the terminal. Without
+	// it a background process's stdin is Stdin, then end of file.
+	StdinOpen bool `json:"stdin_open,omitempty"`
 }
 
 // ExecResult is the outcome of a command. Stdout and Stderr hold the bytes
@@ -287,6 +293,9 @@ type Process struct {
 	Result     *ExecResult `json:"result,omitempty"` // once exited
 	OutputSize int64       `json:"output_size"`      // bytes produced so far
 	Tag        string      `json:"tag,omitempty"`    // as given to exec
+	// StdinOpen is true while the process's stdin takes writes (it was
+	// started with stdin_open and its stdin was not closed).
+	StdinOpen bool `json:"stdin_open,omitempty"`
 }
 
 // FileInfo is one entry of a directory listing (GET files?list=1).

@@ -1,6 +1,7 @@
 package client
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"net/http"
@@ -256,4 +257,33 @@ func (c *Client) ReadOutput(ctx context.Context, id, proc, stream string, offset
 // to a background process's group.
 func (c *Client) SignalProcess(ctx context.Context, id, proc, signal string) error {
 	return c.do(ctx, http.MethodPost, procPath(id, proc)+"/signal", url.Values{"signal": {signal}}, nil, nil)
+}
+
+// WriteStdin writes data to the stdin of a background process started
+// with StdinOpen (on a TTY: types it into the terminal). One call takes up
+// to 1 MiB; it returns once the process's pipe took all of it.
+func (c *Client) WriteStdin(ctx context.Context, id, proc string, data []byte) error {
+	req, err := c.newRequest(ctx, http.MethodPost, procPath(id, proc)+"/stdin", nil, bytes.NewReader(data))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/octet-stream")
+	resp, err := c.send(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	return nil
+}
+
+// CloseStdin closes the stdin of a background process started with
+// StdinOpen, so that it reads end of file (on a TTY: types ^D).
+func (c *Client) CloseStdin(ctx context.Context, id, proc string) error {
+	return c.do(ctx, http.MethodPost, procPath(id, proc)+"/stdin/close", nil, nil, nil)
+}
+
+// ResizeProcess sets the window size of a background process's terminal
+// (one started with TTY).
+func (c *Client) ResizeProcess(ctx context.Context, id, proc string, rows, cols int) error {
+	return c.do(ctx, http.MethodPost, procPath(id, proc)+"/resize", nil, &api.TTYSize{Rows: rows, Cols: cols}, nil)
 }

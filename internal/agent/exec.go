@@ -165,6 +165,10 @@ func parse(req *api.ExecRequest) (*execSpec, error) {
 		return nil, errdefs.Invalid("tag is longer than %d bytes or has a NUL byte", maxTag)
 	}
 	spec.tag = req.Tag
+	if req.StdinOpen && !req.Background {
+		return nil, errdefs.Invalid("stdin_open is only for background execs")
+	}
+	spec.keepStdin = req.StdinOpen
 	if req.TTY != nil {
 		if err := checkTTYSize(req.TTY.Rows, req.TTY.Cols); err != nil {
 			return nil, err

@@ -80,6 +80,7 @@ type execSpec struct {
 	fail      *startError  // set when it cannot start: report it, do not fork
 	tag       string       // of a background process
 	tty       *api.TTYSize // run on a pseudo-terminal of this size
+	keepStdin bool         // the caller writes stdin (after start) and closes it
 }
 
 // stdio are the pipes of a command: the child's ends and ours.
@@ -155,7 +156,7 @@ func (s *Server) start(spec *execSpec, stdout, stderr io.Writer) (*command, erro
 	if spec.tty != nil {
 		pipes, err = openTerminal(spec.tty)
 	} else {
-		pipes, err = openStdio(spec.stdin != nil)
+		pipes, err = openStdio(spec.stdin != nil || spec.keepStdin)
 	}
 	if err != nil {
 		return nil, err
@@ -191,10 +192,13 @@ func (s *Server) start(spec *execSpec, stdout, stderr io.Writer) (*command, erro
 		c.pumps.Add(1)
 		go c.pump(1, pipes.stderr, stderr)
 	}
-	if pipes.pty != nil && spec.stdin != nil {
+	switch {
+	case spec.keepStdin:
+		// The caller keeps the write end (pipes.stdin or pipes.pty).
+	case pipes.pty != nil && spec.stdin != nil:
 		// Typed into the terminal; the terminal stays open.
 		go func() { _, _ = pipes.pty.Write(spec.stdin) }()
-	} else if pipes.stdin != nil {
+	case pipes.stdin != nil:
 		go func() {
 			// EPIPE (the child did not read it all) or closed by drain.
 			_, _ = pipes.stdin.Write(spec.stdin)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"sync"
@@ -35,6 +36,8 @@ type proc struct {
 	started        time.Time
 	stdout, stderr *output
 	done           chan struct{} // closed once exited and drained
+	in             *input        // stdin kept open (stdin_open), or nil
+	pty            *os.File      // the terminal's master side (tty), or nil
 
 	mu     sync.Mutex
 	exited *time.Time
@@ -45,6 +48,7 @@ func (p *proc) view() api.Process {
 	out, _ := p.stdout.size()
 	errOut, _ := p.stderr.size()
 	v := api.Process{ID: p.id, StartedAt: p.started, OutputSize: out + errOut, Tag: p.tag}
+	v.StdinOpen = p.in.isOpen() && !isClosed(p.done)
 	if p.child != nil {
 		v.Pid = p.child.pid
 	}
@@ -152,7 +156,22 @@ func (s *Server) startBackground(spec *execSpec) (api.Process, error) {
 		return api.Process{}, err
 	}
 	if c != nil {
-		p.child, p.started = c.child, c.started
+		p.child, p.started, p.pty = c.child, c.started, c.io.pty
+		if spec.keepStdin {
+			f := c.io.stdin
+			if c.io.pty != nil {
+				f = c.io.pty
+			}
+			p.in = newInput(f, c.io.pty != nil)
+			if spec.stdin != nil {
+				// Written first, before any write through the route.
+				p.in.turn <- struct{}{}
+				go func() {
+					defer p.in.release()
+					_, _ = f.Write(spec.stdin) // EPIPE, or closed by drain or close
+				}()
+			}
+		}
 	}
 	s.procs.add(p)
 	if se != nil {

@@ -128,6 +128,30 @@ func TestSandboxTurns(t *testing.T) {
 		}
 	})
 
+	t.Run("stdin of a background process", func(t *testing.T) {
+		res, err := c.Exec(ctx, sb.ID, &api.ExecRequest{Cmd: []string{"cat"}, Background: true, StdinOpen: true})
+		if err != nil || res.Process == nil || !res.Process.StdinOpen {
+			t.Fatalf("background exec: %+v %v", res, err)
+		}
+		id := res.Process.ID
+		if err := c.WriteStdin(ctx, sb.ID, id, []byte("through the server\n")); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.ResizeProcess(ctx, sb.ID, id, 30, 100); client.Code(err) != api.CodeFailedPrecondition {
+			t.Errorf("resize a process without a terminal: %v", err)
+		}
+		if err := c.CloseStdin(ctx, sb.ID, id); err != nil {
+			t.Fatal(err)
+		}
+		p, err := c.WaitProcessOutput(ctx, sb.ID, id, 10*time.Second)
+		if err != nil || p.Running || p.Result == nil || p.Result.ExitCode != 0 || p.Result.Stdout != "through the server\n" {
+			t.Fatalf("wait: %+v %v", p, err)
+		}
+		if err := c.WriteStdin(ctx, sb.ID, id, []byte("late")); client.Code(err) != api.CodeFailedPrecondition {
+			t.Errorf("write after exit: %v", err)
+		}
+	})
+
 	t.Run("reset discards changes and kills processes", func(t *testing.T) {
 		sh(t, c, sb.ID, "echo junk > /etc/junk; rm /bin/ls; (sleep 1000 &)")
 		got, err := c.Reset(ctx, sb.ID)

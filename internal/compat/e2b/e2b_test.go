@@ -41,6 +41,8 @@ type fakeBackend struct {
 	created []api.CreateSandboxRequest
 	signals []string
 	execs   []api.ExecRequest
+	stdin   []string // writes to p-1's stdin, "<close>" for a close
+	noStdin bool     // p-1 was started without stdin_open
 }
 
 func newFake() *fakeBackend {
@@ -180,6 +182,21 @@ func (f *fakeBackend) Agent(ctx context.Context, id, method, path string, q url.
 			return ok(`{"id":"p-1","pid":42,"running":false,"result":{"exit_code":137,"signal":"SIGKILL","timed_out":true}}`)
 		}
 		return ok(`{"id":"p-1","pid":42,"running":false,"result":{"exit_code":3}}`)
+	case method == "POST" && (path == "/procs/p-1/stdin" || path == "/procs/p-1/stdin/close"):
+		if f.noStdin {
+			return nil, fmt.Errorf("p-1 was not started with stdin_open: %w", errdefs.ErrFailedPrecondition)
+		}
+		if strings.HasSuffix(path, "/close") {
+			f.stdin = append(f.stdin, "<close>")
+		} else {
+			b, _ := io.ReadAll(body)
+			f.stdin = append(f.stdin, string(b))
+		}
+		return ok("")
+	case method == "POST" && path == "/procs/p-1/resize":
+		b, _ := io.ReadAll(body)
+		f.stdin = append(f.stdin, "<resize "+string(b)+">")
+		return ok("")
 	case path == "/procs/p-1/signal":
 		f.signals = append(f.signals, q.Get("signal"))
 		return ok(`{}`)
@@ -465,15 +482,11 @@ func TestEnvdProcess(t *testing.T) {
 	if err := sig(nil); connect.CodeOf(err) != connect.CodeInvalidArgument {
 		t.Fatalf("signal without a selector: %v", err)
 	}
-	_, err := pc.SendInput(context.Background(), connect.NewRequest(&process.SendInputRequest{
-		Process: &process.ProcessSelector{Selector: &process.ProcessSelector_Pid{Pid: 42}}}))
-	if connect.CodeOf(err) != connect.CodeUnimplemented {
-		t.Fatalf("send input: %v", err)
+	f.mu.Lock()
+	if last := f.execs[len(f.execs)-1]; !last.StdinOpen {
+		t.Errorf("a Start without stdin:false keeps stdin open (as envd): %+v", last)
 	}
-	if _, err := pc.CloseStdin(context.Background(), connect.NewRequest(&process.CloseStdinRequest{
-		Process: &process.ProcessSelector{Selector: &process.ProcessSelector_Pid{Pid: 42}}})); err != nil {
-		t.Fatalf("close stdin: %v", err)
-	}
+	f.mu.Unlock()
 	// Connect-Timeout-Ms is the process's lifetime: passed to the exec
 	// (not imposed on the request), and a timed-out process ends the
 	// stream with deadline_exceeded.
@@ -655,5 +668,118 @@ func TestConnectError(t *testing.T) {
 		if got := connect.CodeOf(connectError(c.err)); got != c.want {
 			t.Errorf("%v → %v, want %v", c.err, got, c.want)
 		}
+	}
+}
+
+func TestEnvdInput(t *testing.T) {
+	f, srv := setup(t)
+	call(t, srv, "ka", "POST", "/sandboxes", `{"templateID":"base"}`)
+	pc := processconnect.NewProcessClient(srv.Client(), srv.URL, envdOpts("sb001abc", "ka", true)...)
+	ctx := context.Background()
+	pid42 := &process.ProcessSelector{Selector: &process.ProcessSelector_Pid{Pid: 42}}
+
+	// Start with stdin:true asks the agent to keep stdin open; stdin:false
+	// does not, unless on a terminal.
+	for _, c := range []struct {
+		stdin *bool
+		pty   bool
+		want  bool
+	}{{proto.Bool(true), false, true}, {proto.Bool(false), false, false}, {proto.Bool(false), true, true}} {
+		req := connect.NewRequest(&process.StartRequest{Process: &process.ProcessConfig{Cmd: "cat"}, Stdin: c.stdin})
+		if c.pty {
+			req.Msg.Pty = &process.PTY{Size: &process.PTY_Size{Rows: 24, Cols: 80}}
+		}
+		streamHeaders(req.Header(), "sb001abc", "ka")
+		st, err := pc.Start(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for st.Receive() {
+		}
+		f.mu.Lock()
+		last := f.execs[len(f.execs)-1]
+		f.mu.Unlock()
+		if last.StdinOpen != c.want {
+			t.Errorf("stdin %v pty %v: exec stdin_open %v, want %v", c.stdin, c.pty, last.StdinOpen, c.want)
+		}
+	}
+
+	// SendInput: stdin and pty bytes go to the agent's stdin route.
+	for _, in := range []*process.ProcessInput{
+		{Input: &process.ProcessInput_Stdin{Stdin: []byte("hello\n")}},
+		{Input: &process.ProcessInput_Pty{Pty: []byte("typed")}},
+	} {
+		if _, err := pc.SendInput(ctx, connect.NewRequest(&process.SendInputRequest{Process: pid42, Input: in})); err != nil {
+			t.Fatalf("send input: %v", err)
+		}
+	}
+	// A big input goes in pieces the agent takes.
+	big := strings.Repeat("x", 1<<20+10)
+	if _, err := pc.SendInput(ctx, connect.NewRequest(&process.SendInputRequest{Process: pid42,
+		Input: &process.ProcessInput{Input: &process.ProcessInput_Stdin{Stdin: []byte(big)}}})); err != nil {
+		t.Fatalf("send big input: %v", err)
+	}
+	_, err := pc.SendInput(ctx, connect.NewRequest(&process.SendInputRequest{Process: pid42}))
+	if connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Errorf("send no input: %v", err)
+	}
+	_, err = pc.SendInput(ctx, connect.NewRequest(&process.SendInputRequest{
+		Process: &process.ProcessSelector{Selector: &process.ProcessSelector_Pid{Pid: 7}},
+		Input:   &process.ProcessInput{Input: &process.ProcessInput_Stdin{Stdin: []byte("x")}}}))
+	if connect.CodeOf(err) != connect.CodeNotFound {
+		t.Errorf("send input to an exited process: %v", err)
+	}
+
+	// StreamInput, a client stream (over HTTP/1.1 here).
+	cs := pc.StreamInput(ctx)
+	cs.RequestHeader().Set("E2b-Sandbox-Id", "sb001abc")
+	cs.RequestHeader().Set("X-Access-Token", "ka")
+	for _, m := range []*process.StreamInputRequest{
+		{Event: &process.StreamInputRequest_Start{Start: &process.StreamInputRequest_StartEvent{Process: &process.ProcessSelector{Selector: &process.ProcessSelector_Tag{Tag: "t"}}}}},
+		{Event: &process.StreamInputRequest_Data{Data: &process.StreamInputRequest_DataEvent{Input: &process.ProcessInput{Input: &process.ProcessInput_Stdin{Stdin: []byte("a")}}}}},
+		{Event: &process.StreamInputRequest_Keepalive{Keepalive: &process.StreamInputRequest_KeepAlive{}}},
+		{Event: &process.StreamInputRequest_Data{Data: &process.StreamInputRequest_DataEvent{Input: &process.ProcessInput{Input: &process.ProcessInput_Stdin{Stdin: []byte("b")}}}}},
+	} {
+		if err := cs.Send(m); err != nil {
+			t.Fatalf("stream input send: %v", err)
+		}
+	}
+	if _, err := cs.CloseAndReceive(); err != nil {
+		t.Fatalf("stream input: %v", err)
+	}
+	cs = pc.StreamInput(ctx)
+	cs.RequestHeader().Set("E2b-Sandbox-Id", "sb001abc")
+	cs.RequestHeader().Set("X-Access-Token", "ka")
+	_ = cs.Send(&process.StreamInputRequest{Event: &process.StreamInputRequest_Data{Data: &process.StreamInputRequest_DataEvent{
+		Input: &process.ProcessInput{Input: &process.ProcessInput_Stdin{Stdin: []byte("c")}}}}})
+	if _, err := cs.CloseAndReceive(); connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Errorf("stream input without start: %v", err)
+	}
+
+	if _, err := pc.CloseStdin(ctx, connect.NewRequest(&process.CloseStdinRequest{Process: pid42})); err != nil {
+		t.Fatalf("close stdin: %v", err)
+	}
+	if _, err := pc.Update(ctx, connect.NewRequest(&process.UpdateRequest{Process: pid42,
+		Pty: &process.PTY{Size: &process.PTY_Size{Rows: 30, Cols: 100}}})); err != nil {
+		t.Fatalf("update: %v", err)
+	}
+	f.mu.Lock()
+	got := f.stdin
+	f.noStdin = true
+	f.mu.Unlock()
+	want := []string{"hello\n", "typed", big[:1<<20], big[1<<20:], "a", "b", "<close>", `<resize {"rows":30,"cols":100}>`}
+	if !slices.Equal(got, want) {
+		t.Errorf("agent stdin writes: %d %.40q, want %d %.40q", len(got), got, len(want), want)
+	}
+
+	// A process started with stdin:false: input is refused, a close is a
+	// no-op (as in envd).
+	_, err = pc.SendInput(ctx, connect.NewRequest(&process.SendInputRequest{Process: pid42,
+		Input: &process.ProcessInput{Input: &process.ProcessInput_Stdin{Stdin: []byte("x")}}}))
+	if connect.CodeOf(err) != connect.CodeFailedPrecondition {
+		t.Errorf("send input without stdin: %v", err)
+	}
+	if _, err := pc.CloseStdin(ctx, connect.NewRequest(&process.CloseStdinRequest{Process: pid42})); err != nil {
+		t.Errorf("close stdin without stdin: %v", err)
 	}
 }

@@ -69,10 +69,15 @@ func (c *procConfigs) drop(id string, pid uint32) {
 	}
 }
 
+// rawBody is a request body sent as it is, not as JSON.
+type rawBody []byte
+
 // agentJSON calls the agent and decodes its JSON answer into out.
 func (h *Handler) agentJSON(ctx context.Context, id, method, p string, q url.Values, in, out any) error {
 	var body io.Reader
-	if in != nil {
+	if r, ok := in.(rawBody); ok {
+		body = bytes.NewReader(r)
+	} else if in != nil {
 		b, err := json.Marshal(in)
 		if err != nil {
 			return err
@@ -202,6 +207,10 @@ func (s *processService) Start(ctx context.Context, req *connect.Request[process
 	if pty := req.Msg.GetPty(); pty != nil {
 		ereq.TTY = &api.TTYSize{Rows: int(pty.GetSize().GetRows()), Cols: int(pty.GetSize().GetCols())}
 	}
+	// As envd: stdin stays open unless the request says stdin:false
+	// (SDKs before envd 0.3.0 could not say it); a terminal always takes
+	// input.
+	ereq.StdinOpen = req.Msg.Stdin == nil || req.Msg.GetStdin() || ereq.TTY != nil
 	var res api.ExecResult
 	if err := s.h.agentJSON(ctx, t.id, http.MethodPost, "/exec", nil, ereq, &res); err != nil {
 		return connectError(err)
@@ -376,24 +385,99 @@ func endEvent(r *api.ExecResult) *process.ProcessEvent_EndEvent {
 	return ev
 }
 
-func (s *processService) Update(context.Context, *connect.Request[process.UpdateRequest]) (*connect.Response[process.UpdateResponse], error) {
-	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec: resizing a process's terminal is not supported through E2B; use /v1/sandboxes/{id}/terminal"))
+// Update resizes a process's terminal.
+func (s *processService) Update(ctx context.Context, req *connect.Request[process.UpdateRequest]) (*connect.Response[process.UpdateResponse], error) {
+	t, err := mustTarget(ctx)
+	if err != nil {
+		return nil, err
+	}
+	p, err := s.find(ctx, t, req.Msg.GetProcess())
+	if err != nil {
+		return nil, err
+	}
+	if pty := req.Msg.GetPty(); pty != nil {
+		size := &api.TTYSize{Rows: int(pty.GetSize().GetRows()), Cols: int(pty.GetSize().GetCols())}
+		if err := s.h.agentJSON(ctx, t.id, http.MethodPost, "/procs/"+p.ID+"/resize", nil, size, nil); err != nil {
+			return nil, connectError(err)
+		}
+	}
+	return connect.NewResponse(&process.UpdateResponse{}), nil
 }
 
-func (s *processService) StreamInput(context.Context, *connect.ClientStream[process.StreamInputRequest]) (*connect.Response[process.StreamInputResponse], error) {
-	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec: stdin of a running process is not supported"))
+// StreamInput takes input events on a client stream: a start naming the
+// process, then data events, each written as SendInput writes. connect-go
+// serves client streams over HTTP/1.1 as well as h2 (the request body is
+// read as it comes).
+func (s *processService) StreamInput(ctx context.Context, stream *connect.ClientStream[process.StreamInputRequest]) (*connect.Response[process.StreamInputResponse], error) {
+	t, err := mustTarget(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var p *api.Process
+	for stream.Receive() {
+		switch ev := stream.Msg().GetEvent().(type) {
+		case *process.StreamInputRequest_Start:
+			if p, err = s.find(ctx, t, ev.Start.GetProcess()); err != nil {
+				return nil, err
+			}
+		case *process.StreamInputRequest_Data:
+			if p == nil {
+				return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("data before the start event naming the process"))
+			}
+			if err := s.h.writeInput(ctx, t, p, ev.Data.GetInput()); err != nil {
+				return nil, err
+			}
+		case *process.StreamInputRequest_Keepalive:
+		default:
+			return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("unknown input event %T", ev))
+		}
+	}
+	if err := stream.Err(); err != nil {
+		return nil, connectError(err)
+	}
+	return connect.NewResponse(&process.StreamInputResponse{}), nil
 }
 
+// SendInput writes to a process's stdin (or its terminal: dsec takes
+// stdin and pty bytes alike and sends them where the process reads).
 func (s *processService) SendInput(ctx context.Context, req *connect.Request[process.SendInputRequest]) (*connect.Response[process.SendInputResponse], error) {
 	t, err := mustTarget(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := s.find(ctx, t, req.Msg.GetProcess()); err != nil {
+	p, err := s.find(ctx, t, req.Msg.GetProcess())
+	if err != nil {
 		return nil, err
 	}
-	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("dsec: stdin of a running process is not supported (its stdin is empty)"))
+	if err := s.h.writeInput(ctx, t, p, req.Msg.GetInput()); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&process.SendInputResponse{}), nil
 }
+
+// writeInput sends input to the agent in pieces it takes.
+func (h *Handler) writeInput(ctx context.Context, t *target, p *api.Process, in *process.ProcessInput) error {
+	var data []byte
+	switch v := in.GetInput().(type) {
+	case *process.ProcessInput_Stdin:
+		data = v.Stdin
+	case *process.ProcessInput_Pty:
+		data = v.Pty
+	default:
+		return connect.NewError(connect.CodeInvalidArgument, errors.New("input (stdin or pty bytes) is required"))
+	}
+	for len(data) > 0 {
+		n := min(len(data), maxInputChunk)
+		if err := h.agentJSON(ctx, t.id, http.MethodPost, "/procs/"+p.ID+"/stdin", nil, rawBody(data[:n]), nil); err != nil {
+			return connectError(err)
+		}
+		data = data[n:]
+	}
+	return nil
+}
+
+// maxInputChunk is the most one agent write takes (agent.MaxStdinWrite).
+const maxInputChunk = 1 << 20
 
 func (s *processService) SendSignal(ctx context.Context, req *connect.Request[process.SendSignalRequest]) (*connect.Response[process.SendSignalResponse], error) {
 	t, err := mustTarget(ctx)
@@ -423,15 +507,20 @@ func (s *processService) SendSignal(ctx context.Context, req *connect.Request[pr
 	return connect.NewResponse(&process.SendSignalResponse{}), nil
 }
 
-// CloseStdin: dsec's background processes start with stdin already at its
-// end, so there is nothing to close once the process is found.
+// CloseStdin closes a process's stdin (on a terminal: types ^D). A
+// process started with stdin:false has none to close: a no-op, as in envd.
 func (s *processService) CloseStdin(ctx context.Context, req *connect.Request[process.CloseStdinRequest]) (*connect.Response[process.CloseStdinResponse], error) {
 	t, err := mustTarget(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := s.find(ctx, t, req.Msg.GetProcess()); err != nil {
+	p, err := s.find(ctx, t, req.Msg.GetProcess())
+	if err != nil {
 		return nil, err
+	}
+	err = s.h.agentJSON(ctx, t.id, http.MethodPost, "/procs/"+p.ID+"/stdin/close", nil, nil, nil)
+	if err != nil && !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		return nil, connectError(err)
 	}
 	return connect.NewResponse(&process.CloseStdinResponse{}), nil
 }

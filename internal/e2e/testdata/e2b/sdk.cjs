@@ -81,6 +81,28 @@ async function main() {
     await until('killed process leaves the list', async () => !(await sb.commands.list()).some((p) => p.pid === h.pid))
     check(await sb.commands.kill(h.pid) === false, 'second kill')
   })
+  await step('stdin', async () => {
+    const h = await sb.commands.run('cat', { background: true, stdin: true })
+    await sb.commands.sendStdin(h.pid, 'hello\n')
+    await until('cat echoes its stdin', () => h.stdout.includes('hello'))
+    await sb.commands.closeStdin(h.pid)
+    const r = await h.wait()
+    check(r.exitCode === 0, 'cat exits 0 once its stdin is closed', r.exitCode)
+    check(r.stdout === 'hello\n', 'stdout of cat', r.stdout)
+  })
+  await step('pty', async () => {
+    const dec = new TextDecoder()
+    let out = ''
+    const h = await sb.pty.create({ cols: 80, rows: 24, onData: (d) => { out += dec.decode(d, { stream: true }) } })
+    await sb.pty.sendInput(h.pid, new TextEncoder().encode('echo pty$((40+2))\n'))
+    await until('the shell on the pty runs the input', () => out.includes('pty42'))
+    await sb.pty.resize(h.pid, { cols: 100, rows: 30 })
+    await sb.pty.sendInput(h.pid, new TextEncoder().encode('stty size | tr " " x\n'))
+    await until('the terminal is resized', () => out.includes('30x100'))
+    await sb.pty.sendInput(h.pid, new TextEncoder().encode('exit\n'))
+    const r = await h.wait()
+    check(r.exitCode === 0, 'the shell exits 0', r.exitCode)
+  })
   await step('files', async () => {
     await sb.files.write('/tmp/d/a.txt', 'hello')
     check(await sb.files.read('/tmp/d/a.txt') === 'hello', 'read text')
