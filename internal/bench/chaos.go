@@ -137,28 +137,46 @@ func Chaos(ctx context.Context, cfg ChaosConfig) error {
 		exists[sb.ID] = true
 	}
 	live := l.live()
+	var wmu sync.Mutex
+	var cw sync.WaitGroup
 	for _, id := range live {
 		if !exists[id] {
 			continue
 		}
-		// A sandbox whose agent was killed is repaired by the node;
-		// give it a while.
-		deadline := time.Now().Add(90 * time.Second)
-		for {
-			octx, ocancel := context.WithTimeout(ctx, chaosGrace)
-			res, err := c.Exec(octx, id, &api.ExecRequest{Shell: "echo alive", TimeoutMs: 10000})
-			ocancel()
-			if err == nil && execVerdict("alive\n", res, res.Stdout) == "" {
-				works[id] = true
-				break
+		cw.Add(1)
+		go func() {
+			defer cw.Done()
+			// A sandbox whose agent was killed may be being repaired: give
+			// it a while.
+			var err error
+			for deadline := time.Now().Add(90 * time.Second); ; time.Sleep(2 * time.Second) {
+				octx, ocancel := context.WithTimeout(ctx, chaosGrace)
+				var res *api.ExecResult
+				res, err = c.Exec(octx, id, &api.ExecRequest{Shell: "echo alive", TimeoutMs: 10000})
+				ocancel()
+				if err == nil {
+					if v := execVerdict("alive\n", res, res.Stdout); v == "" {
+						wmu.Lock()
+						works[id] = true
+						wmu.Unlock()
+						return
+					} else {
+						err = errors.New(v)
+					}
+				}
+				if time.Now().After(deadline) || ctx.Err() != nil {
+					break
+				}
 			}
-			if time.Now().After(deadline) {
-				fmt.Fprintf(w, "sandbox %s does not work: %v\n", id, err)
-				break
+			sb, gerr := c.GetSandbox(ctx, id)
+			state := "?"
+			if gerr == nil {
+				state = sb.State
 			}
-			time.Sleep(2 * time.Second)
-		}
+			fmt.Fprintf(w, "sandbox %s (state %s) does not run a command: %v\n", id, state, err)
+		}()
 	}
+	cw.Wait()
 	l.checkSurvivors(exists, works)
 	unanswered := 0
 	for _, sb := range listed {

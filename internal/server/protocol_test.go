@@ -51,7 +51,7 @@ func TestHeartbeatProtocolVersion(t *testing.T) {
 		t.Errorf("reply carries protocol %d, build %q; want %d, %q", same.reply.Protocol, same.reply.Version, edge.ProtocolVersion, edge.BuildVersion())
 	}
 	for _, f := range []func(*edge.Heartbeat){
-		func(hb *edge.Heartbeat) { hb.Version = "another-build" },     // same protocol, other build
+		func(hb *edge.Heartbeat) { hb.Version = "another-build" },    // same protocol, other build
 		func(hb *edge.Heartbeat) { hb.Version, hb.Protocol = "", 0 }, // older than the exchange
 	} {
 		if err := c.Heartbeat(ctx, &rewrite{cp: r.srv, f: f}); err != nil {
