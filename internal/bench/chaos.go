@@ -155,14 +155,14 @@ func Chaos(ctx context.Context, cfg ChaosConfig) error {
 				res, err = c.Exec(octx, id, &api.ExecRequest{Shell: "echo alive", TimeoutMs: 10000})
 				ocancel()
 				if err == nil {
-					if v := execVerdict("alive\n", res, res.Stdout); v == "" {
+					v := execVerdict("alive\n", res, res.Stdout)
+					if v == "" {
 						wmu.Lock()
 						works[id] = true
 						wmu.Unlock()
 						return
-					} else {
-						err = errors.New(v)
 					}
+					err = errors.New(v)
 				}
 				if time.Now().After(deadline) || ctx.Err() != nil {
 					break
