@@ -102,7 +102,7 @@ func Chaos(ctx context.Context, cfg ChaosConfig) error {
 				return
 			case <-time.After(wait):
 			}
-			what, err := ck.kill(runCtx, r)
+			what, err := ck.kill(ctx, runCtx, r)
 			if err != nil {
 				l.violate("chaos: %s: %v", what, err)
 			}
@@ -128,6 +128,14 @@ func Chaos(ctx context.Context, cfg ChaosConfig) error {
 		return err
 	}
 	c := srv.client()
+	// Deletes whose answers were lost are asked again, as a client would.
+	for _, id := range ck.undeleted {
+		dctx, dcancel := context.WithTimeout(ctx, 2*time.Minute)
+		if err := c.DeleteSandbox(dctx, id); err != nil && !client.IsNotFound(err) {
+			l.violate("delete %s again at the end: %v", id, err)
+		}
+		dcancel()
+	}
 	exists, works := map[string]bool{}, map[string]bool{}
 	listed, err := listAll(ctx, c)
 	if err != nil {
@@ -235,9 +243,11 @@ type chaosLoad struct {
 	l   *chaosLedger
 	req *api.CreateSandboxRequest
 
-	mu     sync.Mutex
-	pool   []string // live sandboxes the loops work on
-	snapNo int
+	mu   sync.Mutex
+	pool []string // live sandboxes the loops work on
+	// undeleted are sandboxes whose delete got no answer, to retry.
+	undeleted []string
+	snapNo    int
 }
 
 func (ck *chaosLoad) pick(r *rand.Rand) string {
@@ -276,7 +286,7 @@ func (ck *chaosLoad) size() int {
 // op runs fn with the operation's deadline and records its outcome; fn
 // returns an error of the API or of the check (a violation, recorded by
 // fn itself, returns nil).
-func (ck *chaosLoad) op(ctx context.Context, name string, limit time.Duration, fn func(ctx context.Context) error) {
+func (ck *chaosLoad) op(ctx context.Context, name, id string, limit time.Duration, fn func(ctx context.Context) error) {
 	octx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	t0 := time.Now()
@@ -291,7 +301,7 @@ func (ck *chaosLoad) op(ctx context.Context, name string, limit time.Duration, f
 	if octx.Err() != nil {
 		err = fmt.Errorf("%w: %v", errDeadline, err)
 	}
-	ck.l.failed(name, err)
+	ck.l.failed(name, id, err)
 	if errCode(err) == "transport" {
 		// The server is down: wait a little for it, as a client would,
 		// rather than spin on refused connections.
@@ -308,7 +318,7 @@ func (ck *chaosLoad) loop(ctx context.Context, r *rand.Rand) {
 		n, id := ck.size(), ck.pick(r)
 		switch x := r.IntN(100); {
 		case n < 2 || id == "" || (x < 10 && n < ck.cfg.MaxLive):
-			ck.op(ctx, "create", 2*time.Minute, func(ctx context.Context) error {
+			ck.op(ctx, "create", "", 2*time.Minute, func(ctx context.Context) error {
 				sb, err := c.CreateSandbox(ctx, ck.req)
 				if err == nil {
 					ck.add(sb.ID)
@@ -316,7 +326,7 @@ func (ck *chaosLoad) loop(ctx context.Context, r *rand.Rand) {
 				return err
 			})
 		case x < 15 && n+3 <= ck.cfg.MaxLive:
-			ck.op(ctx, "batch create", 3*time.Minute, func(ctx context.Context) error {
+			ck.op(ctx, "batch create", "", 3*time.Minute, func(ctx context.Context) error {
 				res, err := c.CreateBatch(ctx, &api.BatchCreateRequest{Count: 3, CreateSandboxRequest: *ck.req}, nil)
 				if err != nil {
 					return err
@@ -339,21 +349,12 @@ func (ck *chaosLoad) loop(ctx context.Context, r *rand.Rand) {
 				}
 				return itemErr
 			})
+		case ck.retryDelete(ctx, c, r):
 		case x < 20 && n > ck.cfg.MaxLive/2:
 			ck.remove(id)
-			ck.op(ctx, "delete", 2*time.Minute, func(ctx context.Context) error {
-				err := c.DeleteSandbox(ctx, id)
-				if err == nil {
-					ck.l.deleted(id)
-				} else {
-					ck.mu.Lock()
-					ck.pool = append(ck.pool, id) // try again later
-					ck.mu.Unlock()
-				}
-				return err
-			})
+			ck.delete(ctx, c, id)
 		case x < 27:
-			ck.op(ctx, "reset", 2*time.Minute, func(ctx context.Context) error {
+			ck.op(ctx, "reset", id, 2*time.Minute, func(ctx context.Context) error {
 				_, err := c.Reset(ctx, id)
 				return err
 			})
@@ -362,12 +363,12 @@ func (ck *chaosLoad) loop(ctx context.Context, r *rand.Rand) {
 			ck.snapNo++
 			name := fmt.Sprintf("chaos-%d", ck.snapNo)
 			ck.mu.Unlock()
-			ck.op(ctx, "snapshot", 2*time.Minute, func(ctx context.Context) error {
+			ck.op(ctx, "snapshot", id, 2*time.Minute, func(ctx context.Context) error {
 				_, err := c.Snapshot(ctx, id, name)
 				return err
 			})
 		case x < 35 && n < ck.cfg.MaxLive:
-			ck.op(ctx, "fork", 2*time.Minute, func(ctx context.Context) error {
+			ck.op(ctx, "fork", id, 2*time.Minute, func(ctx context.Context) error {
 				res, err := c.Fork(ctx, id, &api.ForkRequest{Count: 1})
 				if err != nil {
 					return err
@@ -383,6 +384,37 @@ func (ck *chaosLoad) loop(ctx context.Context, r *rand.Rand) {
 			ck.exec(ctx, c, r, id, true)
 		}
 	}
+}
+
+// delete deletes a sandbox. The request counts from when it is sent: a
+// delete cut short by a kill may have taken effect (the sandbox is gone,
+// or failed), so it is retried until answered, never used again.
+func (ck *chaosLoad) delete(ctx context.Context, c *client.Client, id string) {
+	ck.l.deleted(id)
+	ck.op(ctx, "delete", id, 2*time.Minute, func(ctx context.Context) error {
+		err := c.DeleteSandbox(ctx, id)
+		if err != nil && !client.IsNotFound(err) {
+			ck.mu.Lock()
+			ck.undeleted = append(ck.undeleted, id)
+			ck.mu.Unlock()
+		}
+		return err
+	})
+}
+
+// retryDelete retries, now and then, a delete that got no answer; it
+// says whether it did.
+func (ck *chaosLoad) retryDelete(ctx context.Context, c *client.Client, r *rand.Rand) bool {
+	ck.mu.Lock()
+	if len(ck.undeleted) == 0 || r.IntN(4) != 0 {
+		ck.mu.Unlock()
+		return false
+	}
+	id := ck.undeleted[0]
+	ck.undeleted = ck.undeleted[1:]
+	ck.mu.Unlock()
+	ck.delete(ctx, c, id)
+	return true
 }
 
 // exec runs a command whose output is known to the byte, buffered or
@@ -402,7 +434,7 @@ func (ck *chaosLoad) exec(ctx context.Context, c *client.Client, r *rand.Rand, i
 	if stream {
 		name = "exec stream"
 	}
-	ck.op(ctx, name, chaosExecTimeout+chaosGrace, func(ctx context.Context) error {
+	ck.op(ctx, name, id, chaosExecTimeout+chaosGrace, func(ctx context.Context) error {
 		var res *api.ExecResult
 		var out strings.Builder
 		var err error
@@ -438,12 +470,16 @@ func (ck *chaosLoad) exec(ctx context.Context, c *client.Client, r *rand.Rand, i
 
 // kill picks a victim and kill -9s it: the server (restarted), the blobfs
 // worker (its keeper restarts it) or a random sandbox's agent.
-func (ck *chaosLoad) kill(ctx context.Context, r *rand.Rand) (string, error) {
+func (ck *chaosLoad) kill(ctx, runCtx context.Context, r *rand.Rand) (string, error) {
 	switch x := r.IntN(100); {
 	case x < 35:
 		ck.srv.kill()
-		// Stay down a random while, as a crash loop would.
-		time.Sleep(time.Duration(r.IntN(3000)) * time.Millisecond)
+		// Stay down a random while, as a crash loop would; the restart
+		// may outlast the run (ctx, not runCtx).
+		select {
+		case <-runCtx.Done():
+		case <-time.After(time.Duration(r.IntN(3000)) * time.Millisecond):
+		}
 		return "server", ck.srv.ensureUp(ctx)
 	case x < 65:
 		pid, err := readPid(blobfs.WorkerPidPath(filepath.Join(ck.srv.data, "edge", "blobfs")))

@@ -102,13 +102,18 @@ func (l *chaosLedger) done(op string, d time.Duration, now time.Time) {
 	}
 }
 
-// failed records an operation that answered err: counted by code; an
-// unclear (not retryable) error or a hang is a violation.
-func (l *chaosLedger) failed(op string, err error) {
+// failed records an operation on sandbox id (or none) that answered err:
+// counted by code; an unclear (not retryable) error or a hang is a
+// violation. Not found is the right answer for a sandbox whose delete was
+// requested (a delete under way, or done, concurrently).
+func (l *chaosLedger) failed(op, id string, err error) {
 	code := errCode(err)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.errs[op+": "+code]++
+	if code == api.CodeNotFound && id != "" && l.sandboxes[id] {
+		return
+	}
 	if code == "timeout" {
 		l.violations = append(l.violations, fmt.Sprintf("%s hung past its deadline", op))
 	} else if !retryable(code) {
@@ -132,7 +137,8 @@ func (l *chaosLedger) created(id string) {
 	}
 }
 
-// deleted records a delete that succeeded.
+// deleted records a delete requested (answered or not: a delete whose
+// answer was lost may have taken effect).
 func (l *chaosLedger) deleted(id string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -56,19 +56,23 @@ func TestChaosLedger(t *testing.T) {
 	l.done("exec", 2*time.Second, t0.Add(2*time.Second))
 	l.done("create", 5*time.Second, t0.Add(9*time.Second)) // 7 s without an answer before it
 	l.done("exec", time.Second, t0.Add(8*time.Second))     // out of order: no negative gap
-	l.failed("exec", errors.New("connection refused"))
-	l.failed("exec", &api.Error{Code: api.CodeInternal, Message: "boom"})
-	l.failed("reset", fmt.Errorf("%w: x", errDeadline))
+	l.failed("exec", "a", errors.New("connection refused"))
+	l.failed("exec", "a", &api.Error{Code: api.CodeInternal, Message: "boom"})
+	l.failed("reset", "a", fmt.Errorf("%w: x", errDeadline))
+	l.failed("exec", "a", &api.Error{Code: api.CodeNotFound}) // a is live: lost
+	l.created("b")
+	l.deleted("b")
+	l.failed("exec", "b", &api.Error{Code: api.CodeNotFound}) // b's delete was requested: right
 	if l.ok["exec"] != 2 || l.ok["create"] != 1 {
 		t.Errorf("ok counts %v", l.ok)
 	}
-	if l.errs["exec: transport"] != 1 || l.errs["exec: internal"] != 1 || l.errs["reset: timeout"] != 1 {
+	if l.errs["exec: transport"] != 1 || l.errs["exec: internal"] != 1 || l.errs["reset: timeout"] != 1 || l.errs["exec: not_found"] != 2 {
 		t.Errorf("error counts %v", l.errs)
 	}
 	if l.longestOp != 5*time.Second || l.longestOpName != "create" || l.longestGap != 7*time.Second {
 		t.Errorf("longest answer %s (%s), gap %s", l.longestOp, l.longestOpName, l.longestGap)
 	}
-	if len(l.violations) != 2 { // the internal error and the hang, not the refused connection
+	if len(l.violations) != 3 { // the internal error, the hang, the lost a; not the refused connection nor b
 		t.Errorf("violations %q", l.violations)
 	}
 
