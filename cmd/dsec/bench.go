@@ -18,7 +18,7 @@ import (
 
 func benchCmd(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return errors.New("usage: dsec bench create|exec|density|fork|reset|seccomp|fncall|runcode|batch|trajectory|image|microvm|fullvm|cluster|soak [flags]")
+		return errors.New("usage: dsec bench create|exec|density|fork|reset|seccomp|fncall|runcode|batch|trajectory|image|microvm|fullvm|cluster|soak|chaos [flags]")
 	}
 	sub, args := args[0], args[1:]
 	fs := flag.NewFlagSet("dsec bench "+sub, flag.ContinueOnError)
@@ -193,6 +193,34 @@ func benchCmd(ctx context.Context, args []string) error {
 		}
 		cfg.Client = newClient()
 		return bench.Soak(ctx, cfg)
+	case "chaos":
+		cfg := bench.ChaosConfig{Out: os.Stdout}
+		minutes := fs.Float64("minutes", 10, "how long the load and the kills run, minutes")
+		fs.StringVar(&cfg.Base, "base", "base:minimal", "base layer")
+		fs.IntVar(&cfg.Workers, "workers", 4, "concurrent load loops")
+		fs.IntVar(&cfg.MaxLive, "max-live", 12, "most live sandboxes the loops keep")
+		fs.DurationVar(&cfg.KillEvery, "kill-every", 10*time.Second, "mean time between kill -9s")
+		fs.StringVar(&cfg.WorkDir, "workdir", os.TempDir(), "where the server's data directory is made")
+		fs.StringVar(&cfg.Agent, "agent", "", "dsec-agent binary (default: next to dsec)")
+		if _, _, err := parseArgs(fs, args); err != nil {
+			return err
+		}
+		if *minutes <= 0 || cfg.Workers <= 0 || cfg.MaxLive < 2 || cfg.KillEvery <= 0 {
+			return errors.New("dsec bench chaos: --minutes, --workers and --kill-every must be positive, --max-live at least 2")
+		}
+		if os.Geteuid() != 0 {
+			return errors.New("dsec bench chaos starts its own all-in-one server and kills its processes: run it as root")
+		}
+		self, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		cfg.Bin = self
+		if cfg.Agent == "" {
+			cfg.Agent = filepath.Join(filepath.Dir(self), "dsec-agent")
+		}
+		cfg.Duration = time.Duration(*minutes * float64(time.Minute))
+		return bench.Chaos(ctx, cfg)
 	case "image":
 		return benchImage(ctx, fs, args)
 	case "microvm":

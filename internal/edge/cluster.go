@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -36,6 +37,12 @@ type Heartbeat struct {
 	// Layers are the digests of the layers cached on the node; null when
 	// they did not change since the last heartbeat that carried them.
 	Layers []string `json:"layers"`
+	// Version is the edge's build; Protocol the edge protocol version it
+	// speaks (ProtocolVersion; 0 from edges older than the exchange,
+	// which spoke 1). A control plane refuses a protocol it does not
+	// speak with a failed precondition.
+	Version  string `json:"version,omitempty"`
+	Protocol int    `json:"protocol,omitempty"`
 }
 
 // HeartbeatReply is the control plane's answer.
@@ -43,6 +50,10 @@ type HeartbeatReply struct {
 	// State is the node's state as the control plane sees it: "up" or
 	// "draining".
 	State string `json:"state"`
+	// Version and Protocol are the control plane's build and the newest
+	// edge protocol it speaks (empty and 0 from an older one).
+	Version  string `json:"version,omitempty"`
+	Protocol int    `json:"protocol,omitempty"`
 }
 
 // ControlPlane is what a node reports to: the control plane's HTTP API
@@ -115,7 +126,7 @@ func (e *Edge) Heartbeat(ctx context.Context, cfg JoinConfig, withLayers bool) H
 	info := e.Info()
 	hb := Heartbeat{
 		ID: info.ID, Addr: cfg.Addr, Token: cfg.Token, Capacity: info.Capacity, Backends: info.Backends,
-		Labels: cfg.Labels, Sandboxes: info.Sandboxes,
+		Labels: cfg.Labels, Sandboxes: info.Sandboxes, Version: BuildVersion(), Protocol: ProtocolVersion,
 	}
 	if e.cfg.Load != nil {
 		hb.Load = e.cfg.Load(ctx)
@@ -143,23 +154,32 @@ func (e *Edge) Join(ctx context.Context, cp ControlPlane, cfg JoinConfig) {
 	}
 	tick := time.NewTicker(cfg.Interval)
 	defer tick.Stop()
-	failing, beat, state := false, 0, ""
+	failing, refused, beat, state := false, false, 0, ""
 	for {
 		hctx, cancel := context.WithTimeout(ctx, max(cfg.Interval, 5*time.Second))
 		reply, err := cp.Heartbeat(hctx, e.Heartbeat(hctx, cfg, failing || beat%fullLayersEvery == 0))
 		cancel()
 		beat++
 		switch {
+		case err != nil && ctx.Err() == nil && errors.Is(err, errdefs.ErrFailedPrecondition):
+			// Refused, not unreachable: say so loudly, every time it
+			// starts; it will not pass by itself.
+			if !refused {
+				e.log.ErrorContext(ctx, "the control plane refuses this node; retrying, but it will not join until one side is upgraded",
+					"err", err, "build", BuildVersion(), "protocol", ProtocolVersion)
+			}
+			failing, refused = true, true
 		case err != nil && ctx.Err() == nil:
 			if !failing {
 				e.log.WarnContext(ctx, "heartbeat failed; retrying", "err", err)
 			}
-			failing = true
+			failing, refused = true, false
 		case err == nil:
 			if failing || reply.State != state {
-				e.log.InfoContext(ctx, "joined control plane", "state", reply.State)
+				e.log.InfoContext(ctx, "joined control plane", "state", reply.State,
+					"control_plane_build", reply.Version, "control_plane_protocol", reply.Protocol)
 			}
-			failing, state = false, reply.State
+			failing, refused, state = false, false, reply.State
 		}
 		select {
 		case <-ctx.Done():

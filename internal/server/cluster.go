@@ -69,6 +69,14 @@ func (s *Server) beat(ctx context.Context, hb edge.Heartbeat, local bool) (edge.
 	if hb.Capacity.CPU <= 0 || hb.Capacity.MemoryMB <= 0 {
 		return edge.HeartbeatReply{}, errdefs.Invalid("node %s: capacity needs cpu and memory_mb", hb.ID)
 	}
+	if err := edge.CheckProtocol(hb); err != nil {
+		if last, ok := s.refusedAt.Load(hb.ID); !ok || time.Since(last.(time.Time)) > time.Minute {
+			s.refusedAt.Store(hb.ID, time.Now())
+			s.log.ErrorContext(ctx, "refusing a node whose edge protocol this control plane does not speak",
+				"node", hb.ID, "addr", hb.Addr, "build", hb.Version, "protocol", hb.Protocol, "err", err)
+		}
+		return edge.HeartbeatReply{}, err
+	}
 	now := time.Now().UTC()
 	stored, err := s.store.GetNode(ctx, hb.ID)
 	known := err == nil
@@ -123,7 +131,7 @@ func (s *Server) beat(ctx context.Context, hb edge.Heartbeat, local bool) (edge.
 	if fresh {
 		s.nodes.put(cur, hb.Backends)
 		s.log.InfoContext(ctx, "node connected", "node", hb.ID, "addr", hb.Addr, "cpu", hb.Capacity.CPU,
-			"memory_mb", hb.Capacity.MemoryMB, "labels", hb.Labels)
+			"memory_mb", hb.Capacity.MemoryMB, "labels", hb.Labels, "build", hb.Version, "protocol", hb.Protocol)
 	}
 	if local {
 		if err := s.reconcile(ctx, hb.ID, cur.client, true); err != nil {
@@ -139,7 +147,7 @@ func (s *Server) beat(ctx context.Context, hb edge.Heartbeat, local bool) (edge.
 			}
 		}()
 	}
-	return edge.HeartbeatReply{State: nodeAPI(n).State}, nil
+	return edge.HeartbeatReply{State: nodeAPI(n).State, Version: edge.BuildVersion(), Protocol: edge.ProtocolVersion}, nil
 }
 
 // verify calls a node back at its advertised address with its token.

@@ -123,9 +123,12 @@ type Server struct {
 	metrics *metrics
 	stats   statsRing // the dashboard's last hour of rates
 	nodes   *registry
-	routes  *routes // running sandboxes' records for the commands' path
-	fncall  *fncall.Manager
-	layers  layerCache
+	// refusedAt is when a node refused for its edge protocol was last
+	// logged (node id → time.Time): once a minute, not every heartbeat.
+	refusedAt sync.Map
+	routes    *routes // running sandboxes' records for the commands' path
+	fncall    *fncall.Manager
+	layers    layerCache
 
 	acts  *activity
 	steps *steps

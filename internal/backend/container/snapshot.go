@@ -31,6 +31,9 @@ func (b *Backend) Snapshot(ctx context.Context, id string, merge int, pack func(
 	if err != nil {
 		return fmt.Errorf("snapshot sandbox %s: %w", id, err)
 	}
+	if st.Status == "stopped" {
+		return notRunning(id)
+	}
 	if st.Status != "paused" {
 		// The marker says the freeze is the snapshot's: an edge that dies
 		// before the thaw leaves it, and recovery thaws the sandbox.
@@ -40,6 +43,9 @@ func (b *Backend) Snapshot(ctx context.Context, id string, merge int, pack func(
 		}
 		if err := b.runc.pause(ctx, id); err != nil {
 			os.Remove(marker)
+			if st, serr := b.runc.state(ctx, id); serr == nil && st.Status == "stopped" {
+				return notRunning(id) // it died under us
+			}
 			return fmt.Errorf("snapshot sandbox %s: freeze: %w", id, err)
 		}
 		defer func() {
@@ -59,4 +65,12 @@ func (b *Backend) Snapshot(ctx context.Context, id string, merge int, pack func(
 		return fmt.Errorf("snapshot sandbox %s: %w", id, err)
 	}
 	return nil
+}
+
+// notRunning is the answer to a snapshot of a sandbox whose container has
+// stopped (its agent, the container's init, died): a clear refusal, not
+// an internal error. The node restarts such a sandbox when the edge
+// starts again.
+func notRunning(id string) error {
+	return fmt.Errorf("snapshot sandbox %s: its container is not running (its agent died): %w", id, errdefs.ErrFailedPrecondition)
 }
