@@ -83,6 +83,16 @@ type Phaser interface {
 	SetPhase(ctx context.Context, id string, p Policy) error
 }
 
+// Repairer is implemented by backends that can restart, in place, a
+// sandbox whose agent is gone (the container backend: the agent is the
+// container's init, so killing it stops the container). Repair restarts
+// the sandbox over its kept files, as Recover does, if its agent
+// certainly cannot be reached, and reports whether it did; its processes
+// are lost. The caller serializes it with the sandbox's other operations.
+type Repairer interface {
+	Repair(ctx context.Context, id string) (bool, error)
+}
+
 // Layer is one read-only layer available on this node: what files make it
 // up. A backend mounts Path as EROFS, adding device=Device when Device is
 // set (a chunked layer: Path is its metadata image, Device its data blob);

@@ -18,6 +18,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/dsec-project/dsec/api"
@@ -186,12 +187,49 @@ func New(ctx context.Context, cfg Config) (*Edge, error) {
 }
 
 func (e *Edge) newSandbox(spec backend.Spec, b backend.Backend) *sandbox {
-	id := spec.ID
-	return &sandbox{
-		spec:    spec,
-		backend: b,
-		agent:   agent.NewClient(func(ctx context.Context) (net.Conn, error) { return b.Dial(ctx, id) }),
+	sb := &sandbox{spec: spec, backend: b}
+	sb.agent = agent.NewClient(func(ctx context.Context) (net.Conn, error) { return e.dialAgent(ctx, sb) })
+	return sb
+}
+
+// repairTimeout bounds a repair that a connection to a dead agent starts.
+const repairTimeout = 2 * time.Minute
+
+// dialAgent connects to a sandbox's agent. If nothing listens on its
+// socket any more (the agent was killed, and with it the container whose
+// init it is) and the backend is a backend.Repairer, the sandbox is
+// repaired under its lifecycle lock and dialed once more. While the lock
+// is held (a repair another request started, or a reset, snapshot,
+// destroy) the dial fails at once, errdefs.ErrUnavailable: a 503 to retry.
+func (e *Edge) dialAgent(ctx context.Context, sb *sandbox) (net.Conn, error) {
+	id := sb.spec.ID
+	c, err := sb.backend.Dial(ctx, id)
+	if err == nil || !(errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT)) {
+		return c, err
 	}
+	r, ok := sb.backend.(backend.Repairer)
+	if !ok {
+		return nil, err
+	}
+	if !sb.op.TryLock() {
+		return nil, fmt.Errorf("%w (the sandbox is being repaired or changed; retry): %w", err, errdefs.ErrUnavailable)
+	}
+	defer sb.op.Unlock()
+	// A client that gives up must not cut a restart short.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), repairTimeout)
+	defer cancel()
+	repaired, rerr := r.Repair(rctx, id)
+	if errors.Is(rerr, errdefs.ErrNotFound) {
+		return nil, err // destroyed meanwhile
+	}
+	if rerr != nil {
+		e.log.ErrorContext(ctx, "repair of a sandbox whose agent is gone failed", "sandbox", id, "err", rerr)
+		return nil, fmt.Errorf("%w (repair failed: %v)", err, rerr)
+	}
+	if repaired {
+		e.log.WarnContext(ctx, "restarted a sandbox whose agent was gone; its files are kept, its processes lost", "sandbox", id)
+	}
+	return sb.backend.Dial(ctx, id)
 }
 
 // Info describes the node.

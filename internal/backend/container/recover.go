@@ -205,7 +205,35 @@ func (b *Backend) unreachable(ctx context.Context, id string) error {
 	return nil
 }
 
+// Repair implements backend.Repairer: a sandbox whose container stopped
+// (its init, the agent, died) or whose agent socket refuses connections is
+// restarted over its kept writable layer, as Recover does. A paused or
+// reachable sandbox is left alone.
+func (b *Backend) Repair(ctx context.Context, id string) (bool, error) {
+	rec, err := b.get(id)
+	if err != nil {
+		return false, err
+	}
+	st, err := b.runc.state(ctx, id)
+	switch {
+	case err == nil && st.Status == "paused":
+		return false, nil
+	case err == nil && st.Status == "running":
+		if b.unreachable(ctx, id) == nil {
+			return false, nil
+		}
+	case err != nil && !errors.Is(err, errdefs.ErrNotFound):
+		return false, err
+	}
+	b.log.WarnContext(ctx, "the agent of a sandbox is gone; restarting it over its kept files", "sandbox", id, "status", st.Status)
+	if err := b.repair(ctx, rec); err != nil {
+		return false, fmt.Errorf("repair sandbox %s: %w", id, err)
+	}
+	return true, nil
+}
+
 // repair restarts a sandbox whose container is gone, keeping its files.
+// The layers of a live sandbox's record are already held.
 func (b *Backend) repair(ctx context.Context, rec *record) error {
 	id := rec.Spec.ID
 	if err := b.runc.delete(ctx, id); err != nil {
@@ -219,11 +247,14 @@ func (b *Backend) repair(ctx context.Context, rec *record) error {
 			return fmt.Errorf("layer %s: %w", l.Digest, errdefs.ErrNotFound)
 		}
 	}
-	if _, err := os.Stat(rec.Lowers[len(rec.Lowers)-1]); err != nil {
-		rec.Lowers = nil // its runtime layer is gone: take the current one
-	}
-	if err := b.acquire(ctx, rec); err != nil {
-		return err
+	// (start swaps a live sandbox's runtime layer if it is gone.)
+	if !rec.acquired {
+		if _, err := os.Stat(rec.Lowers[len(rec.Lowers)-1]); err != nil {
+			rec.Lowers = nil // its runtime layer is gone: take the current one
+		}
+		if err := b.acquire(ctx, rec); err != nil {
+			return err
+		}
 	}
 	if err := b.start(ctx, rec); err != nil {
 		return err

@@ -19,6 +19,7 @@ import (
 	"github.com/dsec-project/dsec/internal/backend"
 	"github.com/dsec-project/dsec/internal/backend/backendtest"
 	"github.com/dsec-project/dsec/internal/backend/container"
+	"github.com/dsec-project/dsec/internal/edge"
 	"github.com/dsec-project/dsec/internal/mount"
 	"github.com/dsec-project/dsec/internal/testutil"
 )
@@ -141,4 +142,73 @@ func listProcs(t *testing.T, ag *agent.Client) []api.Process {
 		t.Fatal(err)
 	}
 	return l.Processes
+}
+
+// TestRecoverKilledAgent kills -9 a sandbox's agent, the container's init,
+// while the edge runs: the next exec through the edge restarts the
+// sandbox over its kept files and answers, and destroying it leaves
+// nothing.
+func TestRecoverKilledAgent(t *testing.T) {
+	testutil.Require(t, testutil.Root, testutil.Tool("runc"), testutil.File("/bin/busybox"), testutil.Tool("mkfs.erofs"))
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
+	defer cancel()
+	root := t.TempDir()
+	cgroupParent := "dsec-test-" + filepath.Base(filepath.Dir(root))
+	t.Cleanup(func() {
+		testutil.UnmountAll(root)
+		dirs, _ := filepath.Glob("/sys/fs/cgroup/*/" + cgroupParent)
+		for _, d := range append(dirs, "/sys/fs/cgroup/"+cgroupParent) {
+			os.Remove(d)
+		}
+	})
+	base := backendtest.MinimalLayer(t, t.TempDir())
+	b := newBackend(t, root, cgroupParent)
+	id := "killed-" + filepath.Base(root)
+	sp := backend.Spec{ID: id, Backend: api.BackendContainer, Layers: []backend.Layer{base},
+		Resources: api.Resources{CPU: 0.5, MemoryMB: 64, Pids: 128}, Network: api.Network{Mode: api.NetworkNone}}
+	if err := b.Create(ctx, sp); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { exec.Command("runc", "--root", filepath.Join(root, "runc"), "delete", "--force", id).Run() })
+	execIn(t, b, id, api.ExecRequest{Shell: "echo kept > /kept"})
+	// The edge recovers the sandbox, as after its restart.
+	e, err := edge.New(ctx, edge.Config{NodeID: "n1", Backends: []backend.Backend{newBackend(t, root, cgroupParent)}, Capacity: api.Resources{CPU: 1, MemoryMB: 1024}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ag, err := e.Agent(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	out, err := exec.Command("runc", "--root", filepath.Join(root, "runc"), "state", id).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st struct{ Pid int }
+	if err := json.Unmarshal(out, &st); err != nil || st.Pid <= 0 {
+		t.Fatalf("runc state: %v %s", err, out)
+	}
+	if err := unix.Kill(st.Pid, unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	ag.Close() // the idle connection to the dead agent
+
+	var res *api.ExecResult
+	testutil.Eventually(t, 30*time.Second, "exec answered after the agent was killed", func() error {
+		res, err = ag.Exec(ctx, &api.ExecRequest{Shell: "cat /kept"})
+		return err
+	})
+	if res.Stdout != "kept\n" {
+		t.Errorf("after repair: /kept = %q", res.Stdout)
+	}
+	if err := e.Destroy(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if ms, _ := mount.MountsUnder(root); len(ms) != 0 {
+		t.Errorf("mounts left: %+v", ms)
+	}
+	if entries, _ := os.ReadDir(filepath.Join(root, "sandboxes")); len(entries) != 0 {
+		t.Errorf("sandbox directories left: %v", entries)
+	}
 }
