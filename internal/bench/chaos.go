@@ -186,6 +186,7 @@ func Chaos(ctx context.Context, cfg ChaosConfig) error {
 	}
 	cw.Wait()
 	l.checkSurvivors(exists, works)
+	ck.checkTrajs(ctx, c, works)
 	unanswered := 0
 	for _, sb := range listed {
 		if _, ok := l.sandboxes[sb.ID]; !ok {
@@ -248,7 +249,13 @@ type chaosLoad struct {
 	// undeleted are sandboxes whose delete got no answer, to retry.
 	undeleted []string
 	snapNo    int
+	// trajs are the trajectories, each in a sandbox of its own outside
+	// the pool.
+	trajs []*chaosTraj
 }
+
+// chaosMaxTrajs caps the trajectories (and their sandboxes).
+const chaosMaxTrajs = 3
 
 func (ck *chaosLoad) pick(r *rand.Rand) string {
 	ck.mu.Lock()
@@ -378,6 +385,7 @@ func (ck *chaosLoad) loop(ctx context.Context, r *rand.Rand) {
 				}
 				return nil
 			})
+		case x < 50 && ck.trajStep(ctx, c, r):
 		case x < 70:
 			ck.exec(ctx, c, r, id, false)
 		default:
@@ -466,6 +474,107 @@ func (ck *chaosLoad) exec(ctx context.Context, c *client.Client, r *rand.Rand, i
 		}
 		return nil
 	})
+}
+
+// trajStep sends a trajectory's next step (or, after an error, the same
+// step again; now and then an answered step again, which must replay),
+// creating the trajectory's sandbox first if there are fewer than
+// chaosMaxTrajs. It says whether it did anything (a trajectory busy with
+// another loop's step is left alone).
+func (ck *chaosLoad) trajStep(ctx context.Context, c *client.Client, r *rand.Rand) bool {
+	ck.mu.Lock()
+	n := len(ck.trajs)
+	var t *chaosTraj
+	if n > 0 {
+		t = ck.trajs[r.IntN(n)]
+	}
+	ck.mu.Unlock()
+	if n < chaosMaxTrajs && (t == nil || r.IntN(4) == 0) {
+		ck.op(ctx, "trajectory create", "", 2*time.Minute, func(ctx context.Context) error {
+			sb, err := c.CreateSandbox(ctx, ck.req)
+			if err != nil {
+				return err
+			}
+			ck.l.created(sb.ID)
+			ck.mu.Lock()
+			ck.trajs = append(ck.trajs, newChaosTraj("chaos-"+sb.ID, sb.ID))
+			ck.mu.Unlock()
+			return nil
+		})
+		return true
+	}
+	if t == nil || !t.mu.TryLock() {
+		return false
+	}
+	defer t.mu.Unlock()
+	step, retry, resent := t.next, t.pending, false
+	if !t.pending && len(t.ok) > 0 && r.IntN(5) == 0 {
+		step, resent = t.ok[r.IntN(len(t.ok))], true
+	}
+	if retry {
+		ck.l.trajRetry()
+	}
+	req := &api.ExecRequest{Shell: trajCommand(step), TimeoutMs: chaosExecTimeout.Milliseconds(),
+		Trajectory: &api.Trajectory{ID: t.id, Step: step}}
+	ck.op(ctx, "trajectory step", t.sandbox, chaosExecTimeout+chaosGrace, func(ctx context.Context) error {
+		if !resent {
+			t.pending = true
+		}
+		res, err := c.Exec(ctx, t.sandbox, req)
+		if err != nil {
+			return err
+		}
+		if v := trajAnswerVerdict(res, resent); v != "" {
+			ck.l.violate("trajectory %s step %d in %s: %s", t.id, step, t.sandbox, v)
+		}
+		ck.l.trajAnswered(retry, resent, res.Replayed)
+		if !resent {
+			if res.ExitCode == 0 {
+				t.ok = append(t.ok, step)
+			}
+			t.next++
+			t.pending = false
+		}
+		return nil
+	})
+	return true
+}
+
+// checkTrajs checks, at the end, each trajectory whose sandbox works: its
+// file (every step's line at most once, a successful step's exactly once)
+// and the server's log of it.
+func (ck *chaosLoad) checkTrajs(ctx context.Context, c *client.Client, works map[string]bool) {
+	ck.mu.Lock()
+	trajs := append([]*chaosTraj(nil), ck.trajs...)
+	ck.mu.Unlock()
+	for _, t := range trajs {
+		t.mu.Lock()
+		sent, ok := t.sent(), append([]int64(nil), t.ok...)
+		t.mu.Unlock()
+		if !works[t.sandbox] || sent == 0 {
+			continue // a sandbox that does not work is a violation already
+		}
+		octx, cancel := context.WithTimeout(ctx, chaosGrace)
+		file, err := c.ReadFile(octx, t.sandbox, chaosTrajFile)
+		if client.IsNotFound(err) && len(ok) == 0 {
+			file, err = nil, nil
+		}
+		var tlog *api.TrajectoryLog
+		if err == nil {
+			tlog, err = c.GetTrajectory(octx, t.id)
+		}
+		cancel()
+		if err != nil {
+			ck.l.violate("trajectory %s in %s: read at the end: %v", t.id, t.sandbox, err)
+			continue
+		}
+		bad := trajFileVerdict(string(file), sent, ok)
+		more, replays := trajLogVerdict(tlog, t.sandbox, ok)
+		for _, v := range append(bad, more...) {
+			ck.l.violate("trajectory %s in %s: %s", t.id, t.sandbox, v)
+		}
+		ck.l.trajChecked(len(ok), replays)
+	}
 }
 
 // kill picks a victim and kill -9s it: the server (restarted), the blobfs

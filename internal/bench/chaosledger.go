@@ -29,6 +29,7 @@ type chaosLedger struct {
 	longestOp, longestGap time.Duration
 	longestOpName         string
 	lastOK                time.Time
+	traj                  trajCounts
 }
 
 func newChaosLedger(now time.Time) *chaosLedger {
@@ -205,6 +206,12 @@ func (l *chaosLedger) report(w interface{ Write([]byte) (int, error) }) int {
 	}
 	fmt.Fprintf(w, "longest answer: %s (%s); longest time without a successful answer: %s\n",
 		l.longestOp.Round(time.Millisecond), l.longestOpName, l.longestGap.Round(time.Millisecond))
+	if t := l.traj; t.ran+t.replayed+t.retries > 0 {
+		fmt.Fprintf(w, "trajectory steps: %d answered as run, %d as replayed; %d sent again after an error (%d of them then answered), %d answered steps sent again (must replay)\n",
+			t.ran, t.replayed, t.retries, t.retriedOK, t.resent)
+		fmt.Fprintf(w, "trajectories checked at the end: %d, with %d steps answered as successful; replays counted by the server: %d\n",
+			t.checked, t.checkedSteps, t.logReplays)
+	}
 	if len(l.violations) == 0 {
 		fmt.Fprintln(w, "invariant violations: none")
 		return 0
