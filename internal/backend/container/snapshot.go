@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/dsec-project/dsec/internal/errdefs"
 )
@@ -43,10 +44,21 @@ func (b *Backend) Snapshot(ctx context.Context, id string, merge int, pack func(
 		}
 		if err := b.runc.pause(ctx, id); err != nil {
 			os.Remove(marker)
-			if st, serr := b.runc.state(ctx, id); serr == nil && st.Status == "stopped" {
-				return notRunning(id) // it died under us
+			// An init that is dying (its agent killed) can still read as
+			// running for a moment, and its cgroup then refuses to freeze:
+			// look again for a little while before calling it either way.
+			for range 10 {
+				if st, serr := b.runc.state(ctx, id); serr == nil && st.Status == "stopped" {
+					return notRunning(id) // it died under us
+				}
+				select {
+				case <-ctx.Done():
+				case <-time.After(100 * time.Millisecond):
+					continue
+				}
+				break
 			}
-			return fmt.Errorf("snapshot sandbox %s: freeze: %w", id, err)
+			return fmt.Errorf("snapshot sandbox %s: freeze (retry): %v: %w", id, err, errdefs.ErrUnavailable)
 		}
 		defer func() {
 			if rerr := b.runc.resume(context.WithoutCancel(ctx), id); rerr != nil && err == nil {
