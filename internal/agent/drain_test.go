@@ -5,6 +5,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/dsec-project/dsec/internal/testutil"
 )
 
 // lateWriter takes its first write late, as an agent starved of CPU reads
@@ -21,6 +23,7 @@ func (w *lateWriter) Write(p []byte) (int, error) {
 	first := false
 	w.once.Do(func() { first = true; close(w.began) })
 	if first {
+		// sleep: a pump late to read (an agent starved of CPU) is the case under test
 		time.Sleep(w.delay)
 	}
 	w.mu.Lock()
@@ -89,7 +92,7 @@ func TestDrainKeepsTheLeadersOutput(t *testing.T) {
 		c.pumps.Add(2)
 		go c.pump(0, pipes.stdout, &sink)
 		go c.pump(1, pipes.stderr, &bytes.Buffer{})
-		time.Sleep(10 * time.Millisecond)
+		testutil.EventuallyTrue(t, 10*time.Second, "the pump reading the endless writer", func() bool { return c.read[0].Load() > 0 })
 		c.drain() // returns: what was owed at the exit is bounded
 		close(stop)
 		pipes.closeChild() // unblocks a write into the full pipe

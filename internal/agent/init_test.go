@@ -141,11 +141,13 @@ func TestShutdownForwardsSignals(t *testing.T) {
 	}
 	// The agent sent SIGKILL before it exited; on a loaded machine the
 	// process may take a moment to die.
-	for deadline := time.Now().Add(10 * time.Second); !dead(stubborn.Pid); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			_ = syscall.Kill(-stubborn.Pid, syscall.SIGKILL)
-			t.Errorf("a process ignoring TERM outlived the agent")
-			break
+	if testutil.Poll(10*time.Second, func() error {
+		if !dead(stubborn.Pid) {
+			return fmt.Errorf("pid %d alive", stubborn.Pid)
 		}
+		return nil
+	}) != nil {
+		_ = syscall.Kill(-stubborn.Pid, syscall.SIGKILL)
+		t.Errorf("a process ignoring TERM outlived the agent")
 	}
 }

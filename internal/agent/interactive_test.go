@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+
+	"github.com/dsec-project/dsec/internal/testutil"
 )
 
 // agentState is what leaks would show in the agent's process: its open
@@ -114,13 +116,12 @@ func TestInteractiveNoLeaks(t *testing.T) {
 	}
 	settle := func() (int, int, int) {
 		var f, th, ch int
-		for range 200 {
-			f, th, ch = a.state(t)
-			if ch == 0 {
-				break
+		_ = testutil.Poll(10*time.Second, func() error {
+			if f, th, ch = a.state(t); ch != 0 {
+				return fmt.Errorf("%d children", ch)
 			}
-			time.Sleep(50 * time.Millisecond)
-		}
+			return nil
+		})
 		return f, th, ch
 	}
 	a.Client.Close()
@@ -130,14 +131,12 @@ func TestInteractiveNoLeaks(t *testing.T) {
 	}
 	a.Client.Close()
 	var fds, threads, children int
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		fds, threads, children = settle()
-		if (fds <= fds0 && children == 0) || time.Now().After(deadline) {
-			break
+	_ = testutil.Poll(60*time.Second, func() error {
+		if fds, threads, children = settle(); fds > fds0 || children != 0 {
+			return fmt.Errorf("%d fds, %d children", fds, children)
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
 	// Threads are not checked: Go keeps the OS threads it once needed.
 	if fds > fds0 || children != 0 {
 		t.Fatalf("after 1,000 dropped terminals and port connections: %d fds (was %d), %d threads (was %d), %d children",
