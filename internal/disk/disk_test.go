@@ -3,6 +3,7 @@ package disk_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -72,16 +73,13 @@ func TestLimit(t *testing.T) {
 	}
 	os.Remove(filepath.Join(mnt, "fill"))
 	// ext4 discards freed blocks once their transaction commits.
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+	testutil.Eventually(t, 10*time.Second, "deleted blocks given back", func() error {
 		unix.Syncfs(int(mustOpen(t, mnt).Fd()))
-		used := allocated(t, img)
-		if used <= 8<<20 {
-			break
+		if used := allocated(t, img); used > 8<<20 {
+			return fmt.Errorf("%d bytes", used)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("deleted blocks were not given back: %d bytes", used)
-		}
-	}
+		return nil
+	})
 	if err := mount.Unmount(mnt); err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/edge"
 	"github.com/dsec-project/dsec/internal/errdefs"
+	"github.com/dsec-project/dsec/internal/testutil"
 )
 
 func TestCheckProtocol(t *testing.T) {
@@ -80,15 +81,11 @@ func TestJoinLogsARefusal(t *testing.T) {
 	defer cancel()
 	done := make(chan struct{})
 	go func() { e.Join(ctx, cp, edge.JoinConfig{Interval: 10 * time.Millisecond}); close(done) }()
-	for {
+	testutil.EventuallyTrue(t, 10*time.Second, "refused three times", func() bool {
 		cp.mu.Lock()
-		n := cp.n
-		cp.mu.Unlock()
-		if n >= 3 || ctx.Err() != nil {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		defer cp.mu.Unlock()
+		return cp.n >= 3
+	})
 	cancel()
 	<-done
 	out := logs.String()

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/dsec-project/dsec/internal/testutil"
 )
 
 // fakeRuntime stands in for the control plane: the pool logic is tested
@@ -188,10 +190,12 @@ func TestGrowsWithDemandUpToMax(t *testing.T) {
 					m.Release(l, true)
 				}()
 			}
-			deadline := time.Now().Add(5 * time.Second)
-			for int(peak.Load()) < tc.want && time.Now().Before(deadline) {
-				time.Sleep(5 * time.Millisecond)
-			}
+			_ = testutil.Poll(5*time.Second, func() error {
+				if n := int(peak.Load()); n < tc.want {
+					return fmt.Errorf("%d at once", n)
+				}
+				return nil
+			})
 			close(release)
 			wg.Wait()
 			m.Wait()

@@ -42,13 +42,7 @@ func startX(t *testing.T) string {
 
 func waitFor(t *testing.T, d time.Duration, what string, ok func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testutil.EventuallyTrue(t, d, what, ok)
 }
 
 // distinct counts the distinct colours of a PNG, up to 3.
