@@ -24,6 +24,7 @@ import (
 	"github.com/dsec-project/dsec/internal/blob/local"
 	"github.com/dsec-project/dsec/internal/blobfs"
 	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/testutil"
 )
 
 // The test binary doubles as a blobfs worker when started by a keeper
@@ -115,14 +116,10 @@ func TestWorkerKilledUnderReads(t *testing.T) {
 		unix.Unmount(blobfs.MountDir(dir), unix.MNT_DETACH)
 	})
 	blob := filepath.Join(blobfs.MountDir(dir), strings.TrimPrefix(fx.digest, "sha256:"))
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if _, err := os.Stat(blob); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("blobfs did not come up")
-		}
-	}
+	testutil.Eventually(t, 10*time.Second, "blobfs up", func() error {
+		_, err := os.Stat(blob)
+		return err
+	})
 
 	var kills, reads, straddled atomic.Int64
 	stop := make(chan struct{})
@@ -166,19 +163,22 @@ func TestWorkerKilledUnderReads(t *testing.T) {
 		}()
 	}
 
+	ctxDeadline, _ := ctx.Deadline()
 	last := 0
 	for range 50 {
 		pid := 0
-		for pid == 0 || pid == last {
-			if ctx.Err() != nil {
-				close(stop)
-				wg.Wait()
-				t.Fatalf("no new worker after %d kills", kills.Load())
-			}
+		if testutil.Poll(time.Until(ctxDeadline), func() error {
 			b, _ := os.ReadFile(blobfs.WorkerPidPath(dir))
-			pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
-			time.Sleep(5 * time.Millisecond)
+			if pid, _ = strconv.Atoi(strings.TrimSpace(string(b))); pid == 0 || pid == last {
+				return errors.New("no new worker")
+			}
+			return nil
+		}) != nil {
+			close(stop)
+			wg.Wait()
+			t.Fatalf("no new worker after %d kills", kills.Load())
 		}
+		// sleep: a kill at a random moment among the reads is the case under test
 		time.Sleep(time.Duration(20+mrand.IntN(60)) * time.Millisecond)
 		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 			t.Fatalf("kill worker %d: %v", pid, err)
@@ -188,9 +188,12 @@ func TestWorkerKilledUnderReads(t *testing.T) {
 	}
 	// Reads go on after the last kill.
 	after := reads.Load()
-	for reads.Load() < after+20 && ctx.Err() == nil {
-		time.Sleep(10 * time.Millisecond)
-	}
+	_ = testutil.Poll(time.Until(ctxDeadline), func() error {
+		if reads.Load() < after+20 {
+			return errors.New("fewer than 20 reads after the last kill")
+		}
+		return nil
+	})
 	close(stop)
 	wg.Wait()
 	close(errs)

@@ -1,6 +1,7 @@
 package container_test
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"sync/atomic"
@@ -46,12 +47,12 @@ func conformance(t *testing.T, pool container.PoolConfig) {
 				}
 			})
 			// Creates claim from a warm pool, not from one still filling.
-			for deadline := time.Now().Add(30 * time.Second); b.PoolStats().Size < pool.Min; {
-				if time.Now().After(deadline) {
-					t.Fatalf("the pool did not fill to %d in 30s: %+v", pool.Min, b.PoolStats())
+			testutil.Eventually(t, 30*time.Second, "the pool filled to the minimum", func() error {
+				if st := b.PoolStats(); st.Size < pool.Min {
+					return fmt.Errorf("want %d: %+v", pool.Min, st)
 				}
-				time.Sleep(10 * time.Millisecond)
-			}
+				return nil
+			})
 			return b
 		},
 		Resources: api.Resources{CPU: 0.5, MemoryMB: 64, Pids: 128},

@@ -3,6 +3,7 @@ package container_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -13,6 +14,7 @@ import (
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/backend"
 	"github.com/dsec-project/dsec/internal/backend/backendtest"
+	"github.com/dsec-project/dsec/internal/testutil"
 )
 
 // TestCPUQuotaIsTheCommands checks that a small CPU request throttles the
@@ -157,16 +159,18 @@ func tasks(t *testing.T, dir string) map[int]bool {
 // briefly: a backgrounded command may not have exec'd yet.
 func findProc(t *testing.T, ids map[int]bool, cmdline string) int {
 	t.Helper()
-	for range 100 {
+	found := 0
+	_ = testutil.Poll(10*time.Second, func() error {
 		for id := range ids {
 			b, _ := os.ReadFile("/proc/" + strconv.Itoa(id) + "/cmdline")
 			if strings.Join(strings.Fields(strings.ReplaceAll(string(b), "\x00", " ")), " ") == cmdline {
-				return id
+				found = id
+				return nil
 			}
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return 0
+		return fmt.Errorf("no process runs %q", cmdline)
+	})
+	return found
 }
 
 func throttled(t *testing.T, dir string) int {

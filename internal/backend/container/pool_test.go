@@ -2,6 +2,7 @@ package container
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -40,12 +41,12 @@ func newTestBackend(t *testing.T, pool PoolConfig) (*Backend, string, string) {
 // waitPool waits until the pool holds n blank sandboxes.
 func waitPool(t *testing.T, b *Backend, n int) {
 	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); b.PoolStats().Size < n; {
-		if time.Now().After(deadline) {
-			t.Fatalf("the pool did not fill to %d in 30s: %+v", n, b.PoolStats())
+	testutil.Eventually(t, 30*time.Second, fmt.Sprintf("the pool filled to %d", n), func() error {
+		if st := b.PoolStats(); st.Size < n {
+			return fmt.Errorf("%+v", st)
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // inside prints, from within a sandbox, everything a sandbox's creation

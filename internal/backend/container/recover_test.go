@@ -3,6 +3,7 @@ package container_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net"
 	"net/http"
 	"os"
@@ -94,7 +95,14 @@ func TestRecoverRepairs(t *testing.T) {
 	if err := unix.Unmount(layerDir, unix.MNT_DETACH); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(100 * time.Millisecond) // let the killed init go
+	testutil.Eventually(t, 10*time.Second, "the killed init gone", func() error {
+		out, err := exec.Command("runc", "--root", filepath.Join(root, "runc"), "state", ids["deadinit"]).Output()
+		var st struct{ Status string }
+		if err == nil && json.Unmarshal(out, &st) == nil && st.Status == "running" {
+			return errors.New("runc state: still running")
+		}
+		return nil
+	})
 
 	b2 := newBackend(t, root, cgroupParent)
 	specs, err := b2.Recover(ctx)
