@@ -137,10 +137,14 @@ func TestNoSandboxBeforeItsReset(t *testing.T) {
 		}
 		got <- l2
 	}()
+	testutil.EventuallyTrue(t, 10*time.Second, "the second call waiting", func() bool {
+		ps := m.Pools("t1")
+		return len(ps) == 1 && ps[0].Waiting == 1
+	})
 	select {
 	case <-got:
 		t.Fatal("a second call got a sandbox while the only one was busy")
-	case <-time.After(50 * time.Millisecond):
+	default:
 	}
 	m.Release(l, true)
 	l2 := <-got
