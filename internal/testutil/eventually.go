@@ -29,15 +29,26 @@ func EventuallyTrue(t testing.TB, timeout time.Duration, what string, cond func(
 // last error after timeout, for a caller that does not fail at once (a
 // cleanup, a test that reports more).
 func Poll(timeout time.Duration, cond func() error) error {
+	return poll(timeout, 5*time.Millisecond, 100*time.Millisecond, cond)
+}
+
+// PollEvery is Poll at a fixed short interval, for a state that lasts only
+// a while (a sandbox frozen by a checkpoint, a create in flight) and that
+// Poll's slower later tries could miss.
+func PollEvery(timeout, every time.Duration, cond func() error) error {
+	return poll(timeout, every, every, cond)
+}
+
+func poll(timeout, first, most time.Duration, cond func() error) error {
 	deadline := time.Now().Add(timeout)
-	wait := 5 * time.Millisecond
+	wait := first
 	for {
 		err := cond()
 		if err == nil || time.Now().After(deadline) {
 			return err
 		}
-		time.Sleep(wait) // polling between tries, bounded by the deadline
-		wait = min(2*wait, 100*time.Millisecond)
+		time.Sleep(wait) // sleep: the pause between tries of the polling helper, bounded by the deadline
+		wait = min(2*wait, most)
 	}
 }
 
