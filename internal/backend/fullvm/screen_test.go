@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"image/png"
 	"io"
 	"os"
@@ -81,26 +82,26 @@ func TestFullVMScreenAndInput(t *testing.T) {
 	}
 
 	// The console's shell may still be starting: type until the file
-	// appears.
-	deadline := time.Now().Add(5 * time.Minute)
-	for {
-		if _, err := b.Input(ctx, sp.ID, []api.InputAction{
-			{Type: "type", Text: "echo typed > /tmp/t\n"},
-		}); err != nil {
-			t.Fatal(err)
+	// appears, typing again every 2 s, not at every look.
+	var typed time.Time
+	testutil.Eventually(t, 5*time.Minute, "typing into the console made /tmp/t", func() error {
+		if time.Since(typed) >= 2*time.Second {
+			if _, err := b.Input(ctx, sp.ID, []api.InputAction{
+				{Type: "type", Text: "echo typed > /tmp/t\n"},
+			}); err != nil {
+				t.Fatal(err)
+			}
+			typed = time.Now()
 		}
 		res, err := ag.Exec(ctx, &api.ExecRequest{Shell: "cat /tmp/t 2>/dev/null || true"})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if res.Stdout == "typed\n" {
-			break
+		if res.Stdout != "typed\n" {
+			return fmt.Errorf("/tmp/t = %q", res.Stdout)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("typing into the console made no /tmp/t (%q)", res.Stdout)
-		}
-		time.Sleep(2 * time.Second)
-	}
+		return nil
+	})
 	after, _, err := b.Screenshot(ctx, sp.ID)
 	if err != nil {
 		t.Fatal(err)

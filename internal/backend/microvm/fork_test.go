@@ -2,6 +2,7 @@ package microvm_test
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -43,17 +44,15 @@ func counter(t *testing.T, ag *agent.Client) int {
 // waitCounter waits until the counter is past n, and returns it.
 func waitCounter(t *testing.T, ag *agent.Client, n int) int {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for {
+	var got int
+	testutil.Eventually(t, time.Minute, fmt.Sprintf("the counter past %d", n), func() error {
 		out := execOK(t, ag, "cat /tmp/counter 2>/dev/null || echo 0")
-		if got, _ := strconv.Atoi(out); got > n {
-			return got
+		if got, _ = strconv.Atoi(out); got <= n {
+			return fmt.Errorf("the counter stays at %s", out)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the counter stays at %s, not past %d", out, n)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
+	return got
 }
 
 // TestForkWithMemory forks a microVM running a counter into 2 copies:

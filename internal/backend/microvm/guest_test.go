@@ -3,6 +3,7 @@ package microvm_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -52,6 +53,18 @@ func execOK(t *testing.T, ag *agent.Client, shell string) string {
 		t.Fatalf("exec %q: exit %d: %s", shell, res.ExitCode, res.Stderr)
 	}
 	return strings.TrimSpace(res.Stdout)
+}
+
+// waitFile waits until path exists in the guest: a command running in the
+// background has started.
+func waitFile(t *testing.T, ag *agent.Client, path string) {
+	t.Helper()
+	testutil.Eventually(t, time.Minute, path+" made", func() error {
+		if out := execOK(t, ag, "test -e "+path+" && echo yes || echo no"); out != "yes" {
+			return fmt.Errorf("no %s", path)
+		}
+		return nil
+	})
 }
 
 // TestGuest checks that a sandbox is a VM of its own: its kernel, its
@@ -144,17 +157,18 @@ func TestGuestFailures(t *testing.T) {
 		}
 		done := make(chan result, 1)
 		go func() {
-			res, err := ag.Exec(ctx, &api.ExecRequest{Shell: "sleep 1; echo done"})
+			res, err := ag.Exec(ctx, &api.ExecRequest{Shell: "touch /tmp/pause-started; sleep 1; echo done"})
 			done <- result{res, err}
 		}()
-		time.Sleep(300 * time.Millisecond)
+		waitFile(t, ag, "/tmp/pause-started")
 		if err := b.Pause(ctx, id); err != nil {
 			t.Fatal(err)
 		}
 		if st, err := b.State(ctx, id); err != nil || st != api.StatePaused {
 			t.Fatalf("state: %q %v", st, err)
 		}
-		time.Sleep(5 * time.Second) // longer than the link's ping timeout
+		// sleep: a pause longer than the link's ping timeout is the case under test
+		time.Sleep(5 * time.Second)
 		if err := b.Resume(ctx, id); err != nil {
 			t.Fatal(err)
 		}
@@ -167,10 +181,10 @@ func TestGuestFailures(t *testing.T) {
 	t.Run("hang", func(t *testing.T) {
 		errc := make(chan error, 1)
 		go func() {
-			_, err := ag.Exec(ctx, &api.ExecRequest{Shell: "sleep 600"})
+			_, err := ag.Exec(ctx, &api.ExecRequest{Shell: "touch /tmp/hang-started; sleep 600"})
 			errc <- err
 		}()
-		time.Sleep(time.Second) // let the exec start
+		waitFile(t, ag, "/tmp/hang-started")
 		// A stopped VMM is a guest that answers nothing: the whole VM hangs.
 		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 			t.Fatal(err)
@@ -201,20 +215,16 @@ func TestGuestFailures(t *testing.T) {
 			t.Fatalf("exec that panics the guest kernel succeeded: %+v", res)
 		}
 		t.Logf("exec that panics the guest: %v", err)
-		deadline := time.Now().Add(2 * time.Minute)
-		for {
+		testutil.Eventually(t, 2*time.Minute, "failed after a guest panic", func() error {
 			st, err := b.State(ctx, id)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if st == api.StateFailed {
-				break
+			if st != api.StateFailed {
+				return fmt.Errorf("state %q", st)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("state after a guest panic: %q", st)
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
+			return nil
+		})
 		if _, err := ag.Exec(actx, &api.ExecRequest{Shell: "true"}); !errors.Is(err, errdefs.ErrUnavailable) {
 			t.Fatalf("exec in a dead guest: %v, want unavailable", err)
 		}

@@ -123,14 +123,10 @@ func TestRecoverUnfinishedCreate(t *testing.T) {
 		created <- b1.Create(ctx, backend.Spec{ID: id, Layers: []backend.Layer{base}, Resources: api.Resources{CPU: 1, MemoryMB: 256, DiskMB: 256}})
 	}()
 	pidFile := filepath.Join(root, "vms", id, microvm.PidFile)
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
-		if _, err := os.Stat(pidFile); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the VMM never started")
-		}
-	}
+	testutil.Eventually(t, time.Minute, "the VMM started", func() error {
+		_, err := os.Stat(pidFile)
+		return err
+	})
 	b2 := newBackend(t, root, vmlink.ClientConfig{}) // the edge after a restart
 	specs, err := b2.Recover(context.Background())
 	if err != nil {
