@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -34,20 +35,16 @@ func deleteAll(t *testing.T, c *client.Client) {
 // waitNoPools waits until the tenant's FnCall pools have shrunk away.
 func waitNoPools(t *testing.T, c *client.Client) {
 	t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
+	testutil.Eventually(t, 2*time.Minute, "the pools gone", func() error {
 		pools, err := c.ListPools(ctxT(t))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(pools.Pools) == 0 {
-			return
+		if len(pools.Pools) != 0 {
+			return fmt.Errorf("pools still there: %+v", pools.Pools)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("pools still there: %+v", pools.Pools)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func liveWithLabel(t *testing.T, c *client.Client, k, v string) []api.Sandbox {
@@ -140,20 +137,16 @@ func TestBatchCreate(t *testing.T) {
 			t.Fatal("a cancelled batch returned no error")
 		}
 		// Every sandbox the batch made is destroyed; nothing stays behind.
-		deadline := time.Now().Add(2 * time.Minute)
-		for {
+		testutil.Eventually(t, 2*time.Minute, "the abandoned batch's sandboxes gone", func() error {
 			list, err := c.ListSandboxes(ctx, client.ListOptions{Labels: map[string]string{"job": "b1"}, Limit: 1000})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(list.Sandboxes) == 0 {
-				break
+			if len(list.Sandboxes) != 0 {
+				return fmt.Errorf("%d sandboxes of an abandoned batch still live", len(list.Sandboxes))
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%d sandboxes of an abandoned batch still live", len(list.Sandboxes))
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
+			return nil
+		})
 		all, err := c.ListSandboxes(ctx, client.ListOptions{All: true, Labels: map[string]string{"job": "b1"}, Limit: 1000})
 		if err != nil {
 			t.Fatal(err)

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -25,15 +26,12 @@ func TestBlankPool(t *testing.T) {
 	}
 	waitFor := func(what string, ok func(p *api.BlankPool) bool) {
 		t.Helper()
-		for deadline := time.Now().Add(30 * time.Second); ; {
-			if p := pool(); p != nil && ok(p) {
-				return
+		testutil.Eventually(t, 30*time.Second, what, func() error {
+			if p := pool(); p == nil || !ok(p) {
+				return fmt.Errorf("the node reports %+v", p)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: the node reports %+v", what, pool())
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+			return nil
+		})
 	}
 	waitFor("two blank sandboxes", func(p *api.BlankPool) bool { return p.Size == 2 && p.Max == 2 })
 	sb, err := c.CreateSandbox(ctx, &api.CreateSandboxRequest{

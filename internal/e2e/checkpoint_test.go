@@ -20,22 +20,23 @@ import (
 func checkpointSteps(t *testing.T, c *client.Client, traj string, steps ...int64) []api.Checkpoint {
 	t.Helper()
 	want := fmt.Sprint(steps)
-	var got []int64
-	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+	var cps []api.Checkpoint
+	testutil.Eventually(t, 2*time.Minute, fmt.Sprintf("checkpoints of %s at steps %v", traj, want), func() error {
 		l, err := c.GetTrajectory(ctxT(t), traj)
 		if err != nil {
 			t.Fatal(err)
 		}
-		got = got[:0]
+		var got []int64
 		for _, cp := range l.Checkpoints {
 			got = append(got, cp.Step)
 		}
-		if fmt.Sprint(got) == want {
-			return l.Checkpoints
+		if fmt.Sprint(got) != want {
+			return fmt.Errorf("at steps %v", got)
 		}
-	}
-	t.Fatalf("checkpoints of %s at steps %v, want %v", traj, got, want)
-	return nil
+		cps = l.Checkpoints
+		return nil
+	})
+	return cps
 }
 
 // manifestGone waits until the layer store no longer holds the layer.
@@ -335,14 +336,15 @@ func TestCheckpointCrashThawed(t *testing.T) {
 	execStep(t, c, sb.ID, &api.ExecRequest{Shell: "true",
 		Trajectory: &api.Trajectory{ID: "crash-ckpt", Step: 1, CheckpointEvery: 1}})
 	runcRoot := filepath.Join(s.DataDir, "edge", "container", "runc")
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(5 * time.Millisecond) {
+	// The freeze lasts only while the checkpoint packs: look often.
+	if err := testutil.PollEvery(time.Minute, 5*time.Millisecond, func() error {
 		out, _ := exec.Command("runc", "--root", runcRoot, "state", sb.ID).Output()
-		if strings.Contains(string(out), `"status": "paused"`) {
-			break
+		if !strings.Contains(string(out), `"status": "paused"`) {
+			return fmt.Errorf("runc state: %s", out)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the checkpoint never froze the sandbox: %s", out)
-		}
+		return nil
+	}); err != nil {
+		t.Fatalf("the checkpoint never froze the sandbox: %v", err)
 	}
 	s.Kill()
 	s.Restart()

@@ -61,11 +61,7 @@ func buildDesktopToolkit(ctx context.Context, t *testing.T, s *testutil.Server) 
 // poll calls ok until it is true or d passes.
 func poll(t *testing.T, d time.Duration, what string, ok func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(d); !ok(); time.Sleep(100 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		}
-	}
+	testutil.EventuallyTrue(t, d, what, ok)
 }
 
 func isInvalid(err error) bool {

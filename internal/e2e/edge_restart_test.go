@@ -196,14 +196,12 @@ func TestEdgeRestart(t *testing.T) {
 	// A create in flight: kill the edge once it has begun on disk.
 	const inflight = "sb-edgeinflight"
 	go create(inflight)
-	for deadline := time.Now().Add(time.Minute); ; {
-		if _, err := os.Stat(filepath.Join(e.data, "container", "sandboxes", inflight)); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the create never began")
-		}
-		time.Sleep(time.Millisecond)
+	// Look often: the kill must come while the create is in flight.
+	if err := testutil.PollEvery(time.Minute, time.Millisecond, func() error {
+		_, err := os.Stat(filepath.Join(e.data, "container", "sandboxes", inflight))
+		return err
+	}); err != nil {
+		t.Fatalf("the create never began: %v", err)
 	}
 	e.kill()
 	e.start()
@@ -228,15 +226,15 @@ func TestEdgeRestart(t *testing.T) {
 			t.Fatalf("%s: background process after the restart: %+v %v", id, p, err)
 		}
 		before := p.OutputSize
-		for deadline := time.Now().Add(30 * time.Second); p.OutputSize <= before; {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: output stopped at %d bytes", id, before)
-			}
-			time.Sleep(50 * time.Millisecond)
+		testutil.Eventually(t, 30*time.Second, id+"'s output growing", func() error {
 			if err := e.Client.AgentJSON(ctx, id, "GET", "/procs/"+pid, nil, nil, &p); err != nil {
 				t.Fatal(err)
 			}
-		}
+			if p.OutputSize <= before {
+				return fmt.Errorf("output stopped at %d bytes", before)
+			}
+			return nil
+		})
 	}
 	switch seen[inflight] {
 	case 1:

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -99,7 +100,18 @@ func TestFnCall(t *testing.T) {
 				hold <- struct{}{}
 			}()
 		}
-		time.Sleep(500 * time.Millisecond)
+		testutil.Eventually(t, 30*time.Second, "both sandboxes of the pool busy", func() error {
+			pools, err := c.ListPools(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, p := range pools.Pools {
+				if p.Busy >= 2 {
+					return nil
+				}
+			}
+			return fmt.Errorf("pools %+v", pools.Pools)
+		})
 		_, err := c.FnCall(ctx, &api.FnCallRequest{Layers: minimal, Resources: api.Resources{MemoryMB: 64}, Shell: "true", TimeoutMs: 300})
 		if client.Code(err) != api.CodeDeadlineExceeded {
 			t.Fatalf("call that found no free sandbox within 300 ms: %v; want deadline_exceeded", err)
@@ -175,8 +187,7 @@ func TestFnCall(t *testing.T) {
 	t.Run("idle pools shrink to zero", func(t *testing.T) {
 		// Shrinking destroys sandboxes in the background: wait for the pools
 		// and their sandboxes to be gone.
-		deadline := time.Now().Add(2 * time.Minute)
-		for {
+		testutil.Eventually(t, 2*time.Minute, "the pools and their sandboxes gone after the last call", func() error {
 			pools, err := c.ListPools(ctx)
 			if err != nil {
 				t.Fatal(err)
@@ -185,14 +196,11 @@ func TestFnCall(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(pools.Pools) == 0 && len(list.Sandboxes) == 0 {
-				break
+			if len(pools.Pools) != 0 || len(list.Sandboxes) != 0 {
+				return fmt.Errorf("pools %+v, sandboxes %+v", pools.Pools, list.Sandboxes)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("two minutes after the last call: pools %+v, sandboxes %+v", pools.Pools, list.Sandboxes)
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
+			return nil
+		})
 		testutil.RequireNoSandboxLeft(t, s)
 	})
 }
@@ -201,23 +209,24 @@ func TestFnCall(t *testing.T) {
 // no reset is in flight.
 func poolCounts(t *testing.T, c *client.Client) api.FnCallPool {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for {
+	var sum api.FnCallPool
+	_ = testutil.Poll(time.Minute, func() error { // the caller checks the counts
 		pools, err := c.ListPools(ctxT(t))
 		if err != nil {
 			t.Fatal(err)
 		}
-		var sum api.FnCallPool
+		sum = api.FnCallPool{}
 		for _, p := range pools.Pools {
 			sum.Calls += p.Calls
 			sum.Resets += p.Resets
 			sum.Resetting += p.Resetting
 		}
-		if sum.Resetting == 0 || time.Now().After(deadline) {
-			return sum
+		if sum.Resetting != 0 {
+			return fmt.Errorf("%d resetting", sum.Resetting)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
+	return sum
 }
 
 // TestFnCallStream: a call streams its output as NDJSON like an exec.

@@ -2,12 +2,14 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/client"
+	"github.com/dsec-project/dsec/internal/testutil"
 )
 
 // TestLayerGC checks that the layers dsec makes for itself go once
@@ -75,19 +77,17 @@ func TestLayerGC(t *testing.T) {
 		t.Fatalf("cache layers: kept %v, flattened %v", keptCache, flatCache)
 	}
 
-	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+	testutil.Eventually(t, 60*time.Second, "unused layers collected", func() error {
 		n := names()
-		if !n[gone.Layer] && !n[flatCache[0]] {
-			// Collected in the same pass as these went: they stay.
-			if !n[kept.Layer] || !n[keptCache[0]] || !n["gc-kept:1"] || !n["gc-flat:1"] {
-				t.Fatalf("a layer in use was collected: %v", n)
-			}
-			break
+		if n[gone.Layer] || n[flatCache[0]] {
+			return fmt.Errorf("fork %v, build cache %v", n[gone.Layer], n[flatCache[0]])
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("unused layers not collected: fork %v, build cache %v", n[gone.Layer], n[flatCache[0]])
+		// Collected in the same pass as these went: they stay.
+		if !n[kept.Layer] || !n[keptCache[0]] || !n["gc-kept:1"] || !n["gc-flat:1"] {
+			t.Fatalf("a layer in use was collected: %v", n)
 		}
-	}
+		return nil
+	})
 	// The live copy still has its files.
 	if got := sh(t, c, kept.Sandboxes[0].ID, "cat /x"); got != "x\n" {
 		t.Fatalf("the kept copy: %q", got)

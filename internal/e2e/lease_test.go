@@ -98,7 +98,7 @@ func leaseCases(t *testing.T, s *testutil.Server) {
 		t.Parallel()
 		sb := createWith(t, c, api.CreateSandboxRequest{TTLSeconds: 1})
 		k := c.Keepalive(ctx, sb.ID, 0)
-		time.Sleep(3 * time.Second) // three leases
+		time.Sleep(3 * time.Second) // sleep: three leases must pass for keepalive to be what holds it
 		if got, err := c.GetSandbox(ctx, sb.ID); err != nil || got.State != api.StateRunning {
 			t.Fatalf("kept-alive sandbox after 3 s: %+v %v", got, err)
 		}
@@ -119,7 +119,7 @@ func leaseCases(t *testing.T, s *testutil.Server) {
 		sh(t, c, sb.ID, "sleep 2.5")
 		for range 4 {
 			sh(t, c, sb.ID, "true")
-			time.Sleep(500 * time.Millisecond)
+			time.Sleep(500 * time.Millisecond) // sleep: short calls spread past the idle timeout are the case
 		}
 		if got, _ := c.GetSandbox(ctx, sb.ID); got.State != api.StateRunning {
 			t.Fatalf("active sandbox was reaped: %+v", got)

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"syscall"
 	"testing"
@@ -90,15 +91,13 @@ func TestMicroVM(t *testing.T) {
 	if _, err := c.Renew(ctx, sb.ID, time.Second); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
+	testutil.Eventually(t, time.Minute, "the VM deleted after its lease ended", func() error {
 		got, err := c.GetSandbox(ctx, sb.ID)
-		if err == nil && got.State == api.StateDeleted {
-			break
+		if err != nil || got.State != api.StateDeleted {
+			return fmt.Errorf("%+v %v", got, err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after its lease ended: %+v %v", got, err)
-		}
-	}
+		return nil
+	})
 	testutil.RequireNoSandboxLeft(t, s)
 }
 

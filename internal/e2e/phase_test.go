@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"errors"
 	"maps"
 	"os"
 	"path/filepath"
@@ -118,17 +119,17 @@ func TestPhases(t *testing.T) {
 		}
 	})
 	t.Run("a command keeps the phase it started in", func(t *testing.T) {
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			got := execRes(t, c, sb.ID, "cat /tmp/late").Stdout
-			if got == "denied\n" {
-				break
-			}
-			if got != "" || time.Now().After(deadline) {
+		testutil.Eventually(t, 10*time.Second, "the agent-phase process denied /eval", func() error {
+			switch got := execRes(t, c, sb.ID, "cat /tmp/late").Stdout; got {
+			case "denied\n":
+				return nil
+			case "":
+				return errors.New("no answer yet")
+			default:
 				t.Fatalf("the agent-phase process read /eval after the switch: %q", got)
+				return nil
 			}
-			time.Sleep(200 * time.Millisecond)
-		}
+		})
 	})
 
 	t.Run("the neighbour and the host are unaffected", func(t *testing.T) {

@@ -123,20 +123,16 @@ func TestServerRestart(t *testing.T) {
 			t.Fatalf("output of %s after restart: %q %v", sb.ID, first.Data, err)
 		}
 		// Reattached: read on from where the output was, until it grows.
-		deadline := time.Now().Add(30 * time.Second)
-		for {
+		testutil.Eventually(t, 30*time.Second, "the output of "+sb.ID+" continuing after restart", func() error {
 			more, err := c2.ReadOutput(ctx, sb.ID, procs[i], "stdout", first.Next)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if strings.HasPrefix(string(more.Data), "tick ") && more.Offset == first.Next {
-				break
+			if !strings.HasPrefix(string(more.Data), "tick ") || more.Offset != first.Next {
+				return fmt.Errorf("at %d: %q from %d", first.Next, more.Data, more.Offset)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("output of %s does not continue after restart (at %d)", sb.ID, first.Next)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+			return nil
+		})
 	}
 	sb := newSandbox(t, s.Client, nil) // new creates still work
 	sh(t, s.Client, sb.ID, "true")
@@ -162,8 +158,8 @@ func TestServerCrashDuringCreates(t *testing.T) {
 			})
 		}()
 	}
-	deadline := time.Now().Add(time.Minute)
-	for {
+	// Look often: some creates done and others in flight lasts only a while.
+	if err := testutil.PollEvery(time.Minute, 2*time.Millisecond, func() error {
 		states := map[string]int{}
 		if l, err := c.ListSandboxes(ctxT(t), client.ListOptions{All: true}); err == nil {
 			for _, sb := range l.Sandboxes {
@@ -172,12 +168,11 @@ func TestServerCrashDuringCreates(t *testing.T) {
 		}
 		if states[api.StateRunning] > 0 && states[api.StateCreating] > 0 || states[api.StateRunning] == n {
 			t.Logf("killing the server with %v", states)
-			break
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("creates did not progress: %v", states)
-		}
-		time.Sleep(2 * time.Millisecond)
+		return fmt.Errorf("%v", states)
+	}); err != nil {
+		t.Fatalf("creates did not progress: %v", err)
 	}
 	s.Kill()
 	wg.Wait()

@@ -45,16 +45,15 @@ func TestShellUnderTmux(t *testing.T) {
 		t.Helper()
 		rx := regexp.MustCompile(re)
 		var text string
-		deadline := time.Now().Add(60 * time.Second)
-		for time.Now().Before(deadline) {
-			text = strings.TrimRight(tmux("capture-pane", "-p", "-J"), " \n")
-			if rx.MatchString(text) {
-				return text
+		if testutil.Poll(60*time.Second, func() error {
+			if text = strings.TrimRight(tmux("capture-pane", "-p", "-J"), " \n"); !rx.MatchString(text) {
+				return errors.New("no match")
 			}
-			time.Sleep(50 * time.Millisecond)
+			return nil
+		}) != nil {
+			t.Fatalf("pane never matched %q:\n%s", re, text)
 		}
-		t.Fatalf("pane never matched %q:\n%s", re, text)
-		return ""
+		return text
 	}
 	pane(`/ #$`)
 	tmux("send-keys", "stty size", "Enter")
@@ -81,7 +80,8 @@ func TestShellUnderTmux(t *testing.T) {
 	// Escape alone: followed at once by ":", vi would read an escape
 	// sequence.
 	tmux("send-keys", "Escape")
-	time.Sleep(300 * time.Millisecond) // vi's escape-sequence timeout, not a wait for a result
+	// sleep: a typist's pause after Escape, longer than vi's escape-sequence timeout, not a wait for a result
+	time.Sleep(300 * time.Millisecond)
 	tmux("send-keys", ":wq", "Enter")
 	pane(`/ #$`)
 	if got := sh(t, s.Client, sb.ID, "cat /tmp/edited.txt"); got != "typed in vi\n" {
@@ -93,13 +93,12 @@ func TestShellUnderTmux(t *testing.T) {
 	ready := regexp.MustCompile(`(?m)^ready-2\s*$`)
 	eventually(t, 60*time.Second, func() bool {
 		tmux("send-keys", "clear; echo ready-$((1+1))", "Enter")
-		for range 20 {
-			if ready.MatchString(tmux("capture-pane", "-p", "-J")) {
-				return true
+		return testutil.Poll(2*time.Second, func() error {
+			if !ready.MatchString(tmux("capture-pane", "-p", "-J")) {
+				return errors.New("no probe echoed")
 			}
-			time.Sleep(100 * time.Millisecond)
-		}
-		return false
+			return nil
+		}) == nil
 	})
 	tmux("send-keys", "exit 7", "Enter")
 	pane(`(?m)^EXIT=7\s*$`)
@@ -248,13 +247,7 @@ func (r *termReader) expectEOF() {
 // eventually polls cond until it holds, failing the test after d.
 func eventually(t *testing.T, d time.Duration, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %v", d)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testutil.EventuallyTrue(t, d, "the condition met", cond)
 }
 
 // TestLogsFollow follows a background process through the server with

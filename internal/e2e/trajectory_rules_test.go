@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/client"
+	"github.com/dsec-project/dsec/internal/testutil"
 )
 
 func stepReq(traj string, step int64, shell string) *api.ExecRequest {
@@ -38,7 +40,12 @@ func TestTrajectoryCrashMidStep(t *testing.T) {
 	cmd := "sleep 1.5; echo once >> /log; echo out; echo err >&2; exit 3"
 	go c.Exec(context.Background(), sb.ID, stepReq(traj, 1, cmd)) // dies with the server
 	waitStep(t, c, traj, 1)
-	time.Sleep(200 * time.Millisecond) // the command has started
+	testutil.Eventually(t, time.Minute, "the step's command started", func() error {
+		if ps, err := c.ListProcesses(ctxT(t), sb.ID); err != nil || len(ps) == 0 {
+			return fmt.Errorf("processes %+v %v", ps, err)
+		}
+		return nil
+	})
 	s.Kill()
 	s.Restart()
 	c = s.Client
@@ -50,16 +57,12 @@ func TestTrajectoryCrashMidStep(t *testing.T) {
 	if log := sh(t, c, sb.ID, "cat /log"); log != "once\n" {
 		t.Fatalf("the command ran more than once: /log = %q", log)
 	}
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		ps, err := c.ListProcesses(ctxT(t), sb.ID)
-		if err == nil && len(ps) == 0 {
-			break
+	testutil.Eventually(t, 30*time.Second, "the step's process forgotten once recorded", func() error {
+		if ps, err := c.ListProcesses(ctxT(t), sb.ID); err != nil || len(ps) != 0 {
+			return fmt.Errorf("%+v %v", ps, err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the step's process was not forgotten once recorded: %+v %v", ps, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // TestTrajectoryRules checks where a step replays and where it runs, and
@@ -191,17 +194,12 @@ func TestTrajectoryRules(t *testing.T) {
 	})
 	t.Run("retention", func(t *testing.T) {
 		execStep(t, c, a.ID, stepReq("short-lived", 1, "true"))
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			_, err := c.GetTrajectory(ctx, "short-lived")
-			if client.IsNotFound(err) {
-				break
+		testutil.Eventually(t, 30*time.Second, "the trajectory purged after a retention of 3 s", func() error {
+			if _, err := c.GetTrajectory(ctx, "short-lived"); !client.IsNotFound(err) {
+				return fmt.Errorf("get: %v", err)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("trajectory not purged 30 s after a retention of 3 s: %v", err)
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
+			return nil
+		})
 		if r := execStep(t, c, a.ID, stepReq("short-lived", 1, "true")); r.Replayed {
 			t.Fatalf("replayed from a purged log: %+v", r)
 		}

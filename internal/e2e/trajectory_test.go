@@ -112,18 +112,18 @@ func stepsOf(t *testing.T, lines <-chan string) map[int64]trainerStep {
 // waitStep waits until the log shows step as recorded (running or done).
 func waitStep(t *testing.T, c *client.Client, traj string, step int64) {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for time.Now().Before(deadline) {
-		if l, err := c.GetTrajectory(context.Background(), traj); err == nil {
-			for _, st := range l.Steps {
-				if st.Step == step {
-					return
-				}
+	testutil.Eventually(t, time.Minute, fmt.Sprintf("step %d of %s recorded", step, traj), func() error {
+		l, err := c.GetTrajectory(context.Background(), traj)
+		if err != nil {
+			return err
+		}
+		for _, st := range l.Steps {
+			if st.Step == step {
+				return nil
 			}
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatalf("step %d of %s never recorded", step, traj)
+		return fmt.Errorf("steps %+v", l.Steps)
+	})
 }
 
 // TestTrajectoryTrainer is the preemption story: a trainer runs ten steps,

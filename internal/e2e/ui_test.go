@@ -82,18 +82,17 @@ func (b *browser) run(what string, actions ...chromedp.Action[chromedp.Void]) {
 // waitJS polls a JavaScript expression until it is true.
 func (b *browser) waitJS(what, expr string) {
 	b.t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	err := testutil.Poll(60*time.Second, func() error {
 		ok, err := chromedp.Run(b.ctx, chromedp.Evaluate[bool]("!!("+expr+")"))
-		if err == nil && ok {
-			return
+		if err == nil && !ok {
+			err = fmt.Errorf("false")
 		}
-		if time.Now().After(deadline) {
-			b.screenshot("failed")
-			text, _ := chromedp.Run(b.ctx, chromedp.Evaluate[string](`document.body.innerText`))
-			b.t.Fatalf("%s: %s never held (err %v); the page says:\n%s", what, expr, err, text)
-		}
-		time.Sleep(100 * time.Millisecond)
+		return err
+	})
+	if err != nil {
+		b.screenshot("failed")
+		text, _ := chromedp.Run(b.ctx, chromedp.Evaluate[string](`document.body.innerText`))
+		b.t.Fatalf("%s: %s never held (err %v); the page says:\n%s", what, expr, err, text)
 	}
 }
 

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -43,14 +44,14 @@ func TestMicroVMForkAndHibernate(t *testing.T) {
 	}
 	countsOn := func(c *client.Client, id string, from int) int {
 		t.Helper()
-		for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
-			if n := count(c, id); n > from {
-				return n
+		var n int
+		testutil.Eventually(t, time.Minute, fmt.Sprintf("the counter of %s past %d", id, from), func() error {
+			if n = count(c, id); n <= from {
+				return fmt.Errorf("the counter stays at %d", n)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("sandbox %s: the counter stays at %d", id, from)
-			}
-		}
+			return nil
+		})
+		return n
 	}
 	before := countsOn(c, parent.ID, 0)
 	parentIdent := sh(t, c, parent.ID, "hostname; cat /etc/machine-id 2>/dev/null || true")
