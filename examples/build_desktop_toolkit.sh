@@ -23,9 +23,9 @@ GEOMETRY=${GEOMETRY:-1024x768x24}
 VNC=${VNC:-auto}
 # Left out: what Xvfb, xterm and x11vnc never load (Mesa's DRI drivers
 # and LLVM, used for GLX only, which Xvfb then turns off; Tcl/Tk, for
-# x11vnc's -gui only; the openssl program), package tools, and
+# x11vnc's -gui only; the openssl program; time zones), package tools, and
 # documentation.
-HOST_EXCLUDE=${HOST_EXCLUDE:-'^(perl|perl-base|perl-modules-.*|libperl.*|dpkg|tar|libgl1-mesa-dri|libllvm[0-9]+|libz3-[0-9]+|libicu[0-9]+|libxml2|libsensors.*|libdrm-(amdgpu|nouveau|radeon|intel).*|fonts-.*|tk|tk8\.[0-9]+|libtk8\.[0-9]+|tcl|tcl8\.[0-9]+|libtcl8\.[0-9]+|openssl)$'}
+HOST_EXCLUDE=${HOST_EXCLUDE:-'^(perl|perl-base|perl-modules-.*|libperl.*|dpkg|tar|libgl1-mesa-dri|libllvm[0-9]+|libz3-[0-9]+|libicu[0-9]+|libxml2|libsensors.*|libdrm-(amdgpu|nouveau|radeon|intel).*|fonts-.*|tk|tk8\.[0-9]+|libtk8\.[0-9]+|tcl|tcl8\.[0-9]+|libtcl8\.[0-9]+|openssl|tzdata)$'}
 HOST_EXCLUDE_FILES=${HOST_EXCLUDE_FILES:-'^/usr/share/(doc|man|info|locale|lintian|bug|menu|icons|pixmaps|applications)/'}
 DSEC=${DSEC:-$(cd "$(dirname "$0")/.." && pwd)/bin/dsec}
 PUBLIC=${PUBLIC---public}

@@ -195,7 +195,10 @@ func (rc *rfbClient) typeText(t *testing.T, s string) {
 func TestDesktopContainerVNC(t *testing.T) {
 	testutil.Require(t, testutil.Tool("Xvfb"), testutil.Tool("xterm"), testutil.Tool("x11vnc"),
 		testutil.Tool("python3"), testutil.Tool("dpkg-query"))
+	t0 := time.Now()
+	step := func(what string) { t.Logf("%s: %s", time.Since(t0).Round(time.Millisecond), what) }
 	s := startServer(t)
+	step("server up")
 	c := s.Client
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -207,7 +210,8 @@ func TestDesktopContainerVNC(t *testing.T) {
 	if err != nil {
 		t.Fatalf("create: %v", err)
 	}
-	t.Cleanup(func() { c.DeleteSandbox(context.Background(), sb.ID) })
+	step("created")
+	t.Cleanup(func() { c.DeleteSandbox(context.Background(), sb.ID); step("deleted") })
 	t.Cleanup(func() { // before the delete
 		if t.Failed() {
 			dumpProcesses(t, c, sb.ID)
@@ -221,6 +225,7 @@ func TestDesktopContainerVNC(t *testing.T) {
 		return err == nil && pngColours(t, b) >= 2
 	})
 
+	step("screen up")
 	conn, err := dialVNC(ctx, s, sb.ID)
 	if err != nil {
 		t.Fatalf("vnc: %v", err)
@@ -250,6 +255,7 @@ func TestDesktopContainerVNC(t *testing.T) {
 		return !bytes.Equal(rc.fb, before)
 	})
 
+	step("typed over VNC, screen changed")
 	// A second viewer shares the screen: a signed URL opens without a key.
 	u, err := c.VNCURL(ctx, sb.ID)
 	if err != nil {
@@ -266,8 +272,32 @@ func TestDesktopContainerVNC(t *testing.T) {
 	}
 	second.c.Close()
 	rc.frame(t, true) // the first viewer is still served
-	conn.Close()
 
+	step("second viewer")
+	// A reset kills x11vnc with every process (its socket file stays);
+	// the agent starts it again and the route waits for it.
+	if _, err := c.Reset(ctx, sb.ID); err != nil {
+		t.Fatalf("reset: %v", err)
+	}
+	if _, err := io.ReadFull(conn, make([]byte, 1<<20)); err == nil {
+		t.Error("the VNC connection outlived the reset's x11vnc")
+	}
+	step("reset, connection ended")
+	poll(t, 30*time.Second, "VNC after the reset", func() bool {
+		conn, err = dialVNC(ctx, s, sb.ID)
+		if err != nil && !isInvalid(err) { // before the X server is up: no screen yet
+			t.Fatalf("vnc after reset: %v", err)
+		}
+		if err != nil {
+			return false
+		}
+		defer conn.Close()
+		rc := rfbHandshake(t, conn)
+		rc.frame(t, false)
+		return rc.colours() >= 2
+	})
+
+	step("VNC after the reset")
 	// x11vnc listens on its unix socket only: no TCP port in the sandbox
 	// (5900 is 170C in /proc/net/tcp*).
 	r, err := c.Exec(ctx, sb.ID, &api.ExecRequest{Shell: "cat /proc/net/tcp /proc/net/tcp6 2>/dev/null"})
@@ -312,6 +342,7 @@ func TestDesktopContainerVNC(t *testing.T) {
 		t.Fatalf("screenshot without x11vnc: %v", err)
 	}
 
+	step("no VNC server: 400")
 	plain := newSandbox(t, c, nil)
 	if _, err := dialVNC(ctx, s, plain.ID); !isInvalid(err) || !strings.Contains(err.Error(), "no screen") {
 		t.Fatalf("vnc of a container without X: %v", err)
@@ -321,6 +352,7 @@ func TestDesktopContainerVNC(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	step("no screen: 400; deleted")
 	testutil.RequireNoSandboxLeft(t, s)
 	poll(t, 10*time.Second, "the desktop's processes to end", func() bool {
 		return len(sandboxProcesses(sb.ID, "Xvfb", "xterm", "x11vnc")) == 0
