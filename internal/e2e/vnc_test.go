@@ -6,7 +6,9 @@ import (
 	"encoding/binary"
 	"io"
 	"net"
-	"net/http"
+	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -14,7 +16,6 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/dsec-project/dsec/api"
-	"github.com/dsec-project/dsec/internal/httpapi"
 	"github.com/dsec-project/dsec/internal/testutil"
 )
 
@@ -26,23 +27,6 @@ type rfbClient struct {
 	width  int
 	height int
 	fb     []byte // width*height pixels, 4 bytes each (B, G, R, unused)
-}
-
-// dialVNC opens a sandbox's VNC WebSocket with the server's key; an
-// answer other than the upgrade comes back as its error.
-func dialVNC(ctx context.Context, s *testutil.Server, id string) (net.Conn, error) {
-	u := "ws" + strings.TrimPrefix(s.URL, "http") + "/v1/sandboxes/" + id + "/vnc"
-	ws, resp, err := websocket.Dial(ctx, u, &websocket.DialOptions{
-		HTTPHeader: http.Header{"Authorization": {"Bearer " + s.Key}}, Subprotocols: []string{"binary"},
-	})
-	if err != nil {
-		if resp != nil && resp.StatusCode >= 300 {
-			return nil, httpapi.APIError(resp, nil)
-		}
-		return nil, err
-	}
-	ws.SetReadLimit(-1)
-	return websocket.NetConn(context.Background(), ws, websocket.MessageBinary), nil
 }
 
 // rfbHandshake speaks RFB's opening on c: version 3.8, security None, a
@@ -190,8 +174,9 @@ func (rc *rfbClient) typeText(t *testing.T, s string) {
 // the edge and the agent to the toolkit's x11vnc. A client reads the
 // screen (the terminal, at the display's size), clicks and types into the
 // terminal — the command runs in the sandbox — and sees the screen
-// change; a second client shares the screen through a signed URL. With
-// x11vnc gone, or without an X server, the route is 400 saying why.
+// change; a second client shares the screen through a signed URL, a third
+// through dsec sandbox vnc's local port; after a reset VNC comes back.
+// With x11vnc gone, or without an X server, the route is 400 saying why.
 func TestDesktopContainerVNC(t *testing.T) {
 	testutil.Require(t, testutil.Tool("Xvfb"), testutil.Tool("xterm"), testutil.Tool("x11vnc"),
 		testutil.Tool("python3"), testutil.Tool("dpkg-query"))
@@ -226,7 +211,7 @@ func TestDesktopContainerVNC(t *testing.T) {
 	})
 
 	step("screen up")
-	conn, err := dialVNC(ctx, s, sb.ID)
+	conn, err := c.DialVNC(ctx, sb.ID)
 	if err != nil {
 		t.Fatalf("vnc: %v", err)
 	}
@@ -274,6 +259,32 @@ func TestDesktopContainerVNC(t *testing.T) {
 	rc.frame(t, true) // the first viewer is still served
 
 	step("second viewer")
+
+	// A VNC viewer on this machine: dsec sandbox vnc forwards a local port.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	local := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	fwd := exec.Command(filepath.Join(testutil.Binaries(t), "dsec"), "sandbox", "vnc", sb.ID, strconv.Itoa(local))
+	fwd.Env = append(fwd.Environ(), "DSEC_URL="+s.URL, "DSEC_API_KEY="+s.Key)
+	if err := fwd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fwd.Process.Kill(); fwd.Wait() })
+	var viewer net.Conn
+	poll(t, 30*time.Second, "dsec sandbox vnc to listen", func() bool {
+		viewer, err = net.Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(local)))
+		return err == nil
+	})
+	third := rfbHandshake(t, viewer)
+	third.frame(t, false)
+	if third.width != 1024 || third.colours() < 2 {
+		t.Errorf("the forwarded viewer's screen: %dx%d, %d colours", third.width, third.height, third.colours())
+	}
+	viewer.Close()
+	step("dsec sandbox vnc")
 	// A reset kills x11vnc with every process (its socket file stays);
 	// the agent starts it again and the route waits for it.
 	if _, err := c.Reset(ctx, sb.ID); err != nil {
@@ -284,7 +295,7 @@ func TestDesktopContainerVNC(t *testing.T) {
 	}
 	step("reset, connection ended")
 	poll(t, 30*time.Second, "VNC after the reset", func() bool {
-		conn, err = dialVNC(ctx, s, sb.ID)
+		conn, err = c.DialVNC(ctx, sb.ID)
 		if err != nil && !isInvalid(err) { // before the X server is up: no screen yet
 			t.Fatalf("vnc after reset: %v", err)
 		}
@@ -328,7 +339,7 @@ func TestDesktopContainerVNC(t *testing.T) {
 		t.Fatalf("no running autostart:60-vnc process in %+v", ps)
 	}
 	poll(t, 15*time.Second, "the VNC route to refuse", func() bool {
-		conn, err := dialVNC(ctx, s, sb.ID)
+		conn, err := c.DialVNC(ctx, sb.ID)
 		if err == nil {
 			conn.Close()
 			return false
@@ -344,8 +355,13 @@ func TestDesktopContainerVNC(t *testing.T) {
 
 	step("no VNC server: 400")
 	plain := newSandbox(t, c, nil)
-	if _, err := dialVNC(ctx, s, plain.ID); !isInvalid(err) || !strings.Contains(err.Error(), "no screen") {
+	if _, err := c.DialVNC(ctx, plain.ID); !isInvalid(err) || !strings.Contains(err.Error(), "no screen") {
 		t.Fatalf("vnc of a container without X: %v", err)
+	}
+	cli := exec.CommandContext(ctx, filepath.Join(testutil.Binaries(t), "dsec"), "sandbox", "vnc", plain.ID, "0")
+	cli.Env = append(cli.Environ(), "DSEC_URL="+s.URL, "DSEC_API_KEY="+s.Key)
+	if out, err := cli.CombinedOutput(); err == nil || !strings.Contains(string(out), "no screen") {
+		t.Fatalf("dsec sandbox vnc of a container without X: %v\n%s", err, out)
 	}
 	for _, id := range []string{plain.ID, sb.ID} {
 		if err := c.DeleteSandbox(ctx, id); err != nil {
