@@ -46,7 +46,7 @@ func dialVNC(ctx context.Context) (net.Conn, error) {
 			return c, nil
 		}
 		if !installed(vncPrograms) {
-			return nil, errdefs.Invalid("this sandbox's screen has no VNC server: add x11vnc to its desktop layer (examples/build_desktop_toolkit.sh does when the host has it), listening on %s", VNCSocket)
+			return nil, errdefs.Invalid("this sandbox's screen has no VNC server: add x11vnc to its desktop layer (examples/build_desktop_toolkit.sh does when the host has it), or run a VNC server on %s", VNCSocket)
 		}
 		if !errors.Is(err, syscall.ENOENT) && !errors.Is(err, syscall.ECONNREFUSED) && ctx.Err() == nil {
 			return nil, fmt.Errorf("connect to the sandbox's VNC server: %v: %w", err, errdefs.ErrUnavailable)
