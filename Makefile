@@ -24,7 +24,7 @@ LISTEN  ?= 127.0.0.1:7070
 # toolchain base of the compatibility tests, internal/e2e/compat_test.go)
 # gcc (go test -race needs cgo), tmux and chromium (the terminal and
 # port tests drive a real terminal and a real browser), qemu-utils (qemu-img: full VMs' copy-on-write disks).
-DEBS    := runc erofs-utils busybox-static fuse3 iproute2 util-linux postgresql python3 e2fsprogs nftables debootstrap git qemu-system-x86 g++ gcc libc6-dev tmux chromium qemu-utils xvfb xterm
+DEBS    := runc erofs-utils busybox-static fuse3 iproute2 util-linux postgresql python3 e2fsprogs nftables debootstrap git qemu-system-x86 g++ gcc libc6-dev tmux chromium qemu-utils xvfb xterm x11vnc
 # Go tools the tests run (a real S3 server), built into bin/.
 VERSITYGW := github.com/versity/versitygw/cmd/versitygw@v1.8.0
 # The linter, built into bin/ by make lint.

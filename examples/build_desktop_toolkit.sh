@@ -1,27 +1,31 @@
 #!/usr/bin/env bash
 # Builds the desktop toolkit layer (default desktop:toolkit): an X server
 # (Xvfb), a window manager if one is installed on the host (matchbox,
-# openbox, jwm, icewm) and a terminal (xterm), with a script in
-# /etc/dsec/autostart.d that the sandbox's init (dsec-agent) runs at start
-# and after each reset. Stack it on any base: a container of it has a
-# screen (GET /v1/sandboxes/{id}/screen, POST …/input).
+# openbox, jwm, icewm), a terminal (xterm) and a VNC server of the screen
+# (x11vnc, if installed on the host), with scripts in /etc/dsec/autostart.d
+# that the sandbox's init (dsec-agent) runs at start and after each reset.
+# Stack it on any base: a container of it has a screen
+# (GET /v1/sandboxes/{id}/screen, POST …/input, the …/vnc WebSocket).
 #
 #   examples/build_desktop_toolkit.sh   # this host's installed packages (xvfb, xterm and
 #                                       # what they depend on), copied file by file: no network
 #
-# Needs root, the packages installed (apt-get install xvfb xterm), a
-# running server ($DSEC_URL, $DSEC_API_KEY or ./.dsec/admin.key) and
+# Needs root, the packages installed (apt-get install xvfb xterm x11vnc),
+# a running server ($DSEC_URL, $DSEC_API_KEY or ./.dsec/admin.key) and
 # bin/dsec (make build). HOST_PACKAGES adds packages (a browser ...);
-# GEOMETRY sets the screen (default 1024x768x24).
+# GEOMETRY sets the screen (default 1024x768x24); VNC=no leaves x11vnc out
+# (VNC=yes requires it; the default takes it if the host has it).
 set -euo pipefail
 
 NAME=${NAME:-desktop:toolkit}
 HOST_PACKAGES=${HOST_PACKAGES:-xvfb xterm}
 GEOMETRY=${GEOMETRY:-1024x768x24}
-# Left out: what Xvfb and xterm never load (Mesa's DRI drivers and LLVM,
-# used for GLX only, which Xvfb then turns off), package tools, and
+VNC=${VNC:-auto}
+# Left out: what Xvfb, xterm and x11vnc never load (Mesa's DRI drivers
+# and LLVM, used for GLX only, which Xvfb then turns off; Tcl/Tk, for
+# x11vnc's -gui only; the openssl program; time zones), package tools, and
 # documentation.
-HOST_EXCLUDE=${HOST_EXCLUDE:-'^(perl|perl-base|perl-modules-.*|libperl.*|dpkg|tar|libgl1-mesa-dri|libllvm[0-9]+|libz3-[0-9]+|libicu[0-9]+|libxml2|libsensors.*|libdrm-(amdgpu|nouveau|radeon|intel).*|fonts-.*)$'}
+HOST_EXCLUDE=${HOST_EXCLUDE:-'^(perl|perl-base|perl-modules-.*|libperl.*|dpkg|tar|libgl1-mesa-dri|libllvm[0-9]+|libz3-[0-9]+|libicu[0-9]+|libxml2|libsensors.*|libdrm-(amdgpu|nouveau|radeon|intel).*|fonts-.*|tk|tk8\.[0-9]+|libtk8\.[0-9]+|tcl|tcl8\.[0-9]+|libtcl8\.[0-9]+|openssl|tzdata)$'}
 HOST_EXCLUDE_FILES=${HOST_EXCLUDE_FILES:-'^/usr/share/(doc|man|info|locale|lintian|bug|menu|icons|pixmaps|applications)/'}
 DSEC=${DSEC:-$(cd "$(dirname "$0")/.." && pwd)/bin/dsec}
 PUBLIC=${PUBLIC---public}
@@ -39,12 +43,18 @@ wm=""
 for p in matchbox-window-manager openbox jwm icewm; do
 	if installed "$p"; then wm=$p; break; fi
 done
+vnc=""
+case $VNC in
+no) ;;
+yes) installed x11vnc || { echo "package x11vnc is not installed (apt-get install x11vnc)" >&2; exit 1; }; vnc=x11vnc ;;
+*) if installed x11vnc; then vnc=x11vnc; else echo "x11vnc is not installed: the desktop will have no VNC (apt-get install x11vnc)" >&2; fi ;;
+esac
 # The installed packages the wanted ones need, recursively (Depends and
 # Pre-Depends; a virtual package resolves to an installed provider), and
 # their files: read from dpkg's database in one pass (a dpkg call per
 # package takes minutes on a loaded machine).
 # shellcheck disable=SC2086
-python3 - "$HOST_EXCLUDE" "$HOST_EXCLUDE_FILES" $HOST_PACKAGES $wm > "$work/files" <<'PY'
+python3 - "$HOST_EXCLUDE" "$HOST_EXCLUDE_FILES" $HOST_PACKAGES $wm $vnc > "$work/files" <<'PY'
 import os, re, sys
 exclude, exclude_files, want = re.compile(sys.argv[1]), re.compile(sys.argv[2]), sys.argv[3:]
 pkgs, provides = {}, {}
@@ -120,6 +130,27 @@ ${wm:+(while :; do /usr/bin/$wm; sleep 1; done) &}
 while :; do /usr/bin/xterm -geometry 100x30+0+0 -title terminal; sleep 0.5; done
 SCRIPT
 chmod 755 "$root"/etc/dsec/autostart.d/50-desktop
+# The VNC server of the screen, for GET /v1/sandboxes/{id}/vnc: on a unix
+# socket only (the agent's VNCSocket, which it connects to; no TCP port, no
+# network needed), every client sharing the one screen, no password (the
+# API checked the caller). It follows the X server: restarted if it exits.
+if [[ -n $vnc ]]; then
+	cat > "$root"/etc/dsec/autostart.d/60-vnc <<'SCRIPT'
+#!/bin/sh
+# Started by dsec-agent (the sandbox's init): x11vnc of display :0.
+export DISPLAY=:0 HOME=${HOME:-/root}
+sock=/tmp/.dsec-vnc/vnc.sock
+i=0
+while [ ! -S /tmp/.X11-unix/X0 ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i + 1)); done
+mkdir -p /tmp/.dsec-vnc && chmod 700 /tmp/.dsec-vnc
+while :; do
+	rm -f $sock
+	/usr/bin/x11vnc -display :0 -unixsock $sock -rfbport 0 -rfbportv6 -1 -forever -shared -nopw -norc -quiet
+	sleep 1
+done
+SCRIPT
+	chmod 755 "$root"/etc/dsec/autostart.d/60-vnc
+fi
 if [[ -n $wm && $wm != matchbox-window-manager && ! -x $root/usr/bin/$wm ]]; then
 	echo "window manager $wm: no /usr/bin/$wm" >&2
 fi

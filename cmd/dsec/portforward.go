@@ -42,8 +42,14 @@ func sandboxPortForward(ctx context.Context, fs *flag.FlagSet, newClient func() 
 	}
 	defer l.Close()
 	fmt.Fprintf(os.Stderr, "forwarding %s -> %s:%d\n", l.Addr(), id, rport)
-	go func() { <-ctx.Done(); l.Close() }()
 	c := newClient()
+	return forward(ctx, l, "port-forward", func(ctx context.Context) (net.Conn, error) { return c.DialPort(ctx, id, rport) })
+}
+
+// forward carries every connection accepted on l to a connection from dial
+// until ctx ends; what names the command in its errors.
+func forward(ctx context.Context, l net.Listener, what string, dial func(context.Context) (net.Conn, error)) error {
+	go func() { <-ctx.Done(); l.Close() }()
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for {
@@ -58,9 +64,9 @@ func sandboxPortForward(ctx context.Context, fs *flag.FlagSet, newClient func() 
 		go func() {
 			defer wg.Done()
 			defer conn.Close()
-			up, err := c.DialPort(ctx, id, rport)
+			up, err := dial(ctx)
 			if err != nil {
-				fmt.Fprintf(os.Stderr, "dsec: port-forward: %v\n", err)
+				fmt.Fprintf(os.Stderr, "dsec: %s: %v\n", what, err)
 				return
 			}
 			defer up.Close()

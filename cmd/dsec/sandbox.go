@@ -19,7 +19,7 @@ import (
 
 func sandboxCmd(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return errors.New("usage: dsec sandbox create|ls|get|rm|exec|shell|logs|port-forward|cp|reset|pause|resume|renew|snapshot|fork|screenshot|input")
+		return errors.New("usage: dsec sandbox create|ls|get|rm|exec|shell|logs|port-forward|vnc|cp|reset|pause|resume|renew|snapshot|fork|screenshot|input")
 	}
 	sub, args := args[0], args[1:]
 	fs := flag.NewFlagSet("dsec sandbox "+sub, flag.ContinueOnError)
@@ -94,6 +94,8 @@ func sandboxCmd(ctx context.Context, args []string) error {
 		return sandboxLogs(ctx, fs, newClient, args)
 	case "port-forward":
 		return sandboxPortForward(ctx, fs, newClient, args)
+	case "vnc":
+		return sandboxVNC(ctx, fs, newClient, args)
 	case "screenshot", "input":
 		return sandboxScreen(ctx, sub, fs, newClient, args)
 	}

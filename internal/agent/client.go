@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/coder/websocket"
+
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/errdefs"
 	"github.com/dsec-project/dsec/internal/httpapi"
@@ -215,4 +217,22 @@ func (c *Client) Input(ctx context.Context, actions []api.InputAction) (api.Disp
 	var res api.InputResult
 	err := c.call(ctx, http.MethodPost, "/input", &api.InputRequest{Actions: actions}, &res)
 	return res.Display, err
+}
+
+// DialVNC connects to the sandbox's VNC server through the agent's GET
+// /vnc WebSocket: the connection carries RFB. ctx bounds the handshake;
+// the connection lasts until closed. A sandbox without an X server or
+// without a VNC server is ErrInvalid.
+func (c *Client) DialVNC(ctx context.Context) (net.Conn, error) {
+	ws, resp, err := websocket.Dial(ctx, "ws://"+agentHost+"/vnc", &websocket.DialOptions{
+		HTTPClient: c.hc, CompressionMode: websocket.CompressionDisabled,
+	})
+	if err != nil {
+		if resp != nil && resp.StatusCode >= 300 {
+			return nil, ResponseError(resp)
+		}
+		return nil, readError(ctx, err)
+	}
+	ws.SetReadLimit(-1) // RFB messages are a stream: frames of any size
+	return websocket.NetConn(context.Background(), ws, websocket.MessageBinary), nil
 }

@@ -27,6 +27,8 @@
 //	GET    /display                      api.Display of the sandbox's X server (400: none)
 //	GET    /screen                       the X screen as image/png; X-Display-Width, -Height
 //	POST   /input                        api.InputRequest → api.InputResult (XTEST)
+//	GET    /vnc                          WebSocket: RFB of the X screen's VNC server (x11vnc on
+//	                                     VNCSocket); 400: no X server or no VNC server
 //
 // The agent must never let a sandboxed process reach its listener (the
 // socket is inherited, never a path inside the sandbox, and never leaks into

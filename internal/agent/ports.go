@@ -151,6 +151,12 @@ func (s *Server) handleTunnel(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer tcp.Close()
+	bridgeWebSocket(w, r, tcp)
+}
+
+// bridgeWebSocket accepts r's WebSocket and copies binary frames to and
+// from c until either side ends.
+func bridgeWebSocket(w http.ResponseWriter, r *http.Request, c net.Conn) {
 	conn, err := websocket.Accept(w, r, &websocket.AcceptOptions{InsecureSkipVerify: true, CompressionMode: websocket.CompressionDisabled})
 	if err != nil {
 		return
@@ -161,19 +167,19 @@ func (s *Server) handleTunnel(w http.ResponseWriter, r *http.Request) {
 	defer ws.Close()
 	done := make(chan struct{}, 2)
 	go func() {
-		_, _ = io.Copy(tcp, ws)
-		if tc, ok := tcp.(*net.TCPConn); ok {
-			_ = tc.CloseWrite() // the client's end of stream
+		_, _ = io.Copy(c, ws)
+		if cw, ok := c.(interface{ CloseWrite() error }); ok {
+			_ = cw.CloseWrite() // the client's end of stream
 		}
 		done <- struct{}{}
 	}()
 	go func() {
-		_, _ = io.Copy(ws, tcp)
+		_, _ = io.Copy(ws, c)
 		done <- struct{}{}
 	}()
-	<-done // either side ended: a tunnel is done when one side is
+	<-done // either side ended: the bridge is done when one side is
 	cancel()
-	tcp.Close()
+	c.Close()
 	ws.Close()
 	<-done
 }

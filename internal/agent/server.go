@@ -194,6 +194,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /display", s.handleDisplay)
 	mux.HandleFunc("GET /screen", s.handleScreen)
 	mux.HandleFunc("POST /input", s.handleInput)
+	mux.HandleFunc("GET /vnc", s.handleVNC)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, errdefs.NotFound("route %s %s", r.Method, r.URL.Path))
 	})

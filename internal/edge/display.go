@@ -12,7 +12,6 @@ import (
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/agent"
 	"github.com/dsec-project/dsec/internal/backend"
-	"github.com/dsec-project/dsec/internal/errdefs"
 	"github.com/dsec-project/dsec/internal/httpapi"
 )
 
@@ -31,7 +30,8 @@ func (e *Edge) display(id string) (backend.Display, error) {
 }
 
 // agentDisplay is the screen of a sandbox whose agent serves it (X11 in
-// a container); it has no VNC.
+// a container or a microVM): screen and input through X11, VNC through the
+// agent's GET /vnc to the layer's x11vnc.
 type agentDisplay struct{ c *agent.Client }
 
 func (a agentDisplay) Screenshot(ctx context.Context, _ string) ([]byte, api.Display, error) {
@@ -44,8 +44,8 @@ func (a agentDisplay) Input(ctx context.Context, _ string, actions []api.InputAc
 
 func (a agentDisplay) Size(ctx context.Context) (api.Display, error) { return a.c.Display(ctx) }
 
-func (a agentDisplay) DialVNC(_ context.Context, id string) (net.Conn, error) {
-	return nil, errdefs.Invalid("sandbox %s has no VNC: a container's screen has screen and input only (VNC is for fullvm sandboxes)", id)
+func (a agentDisplay) DialVNC(ctx context.Context, _ string) (net.Conn, error) {
+	return a.c.DialVNC(ctx)
 }
 
 // Screenshot returns a sandbox's screen as PNG.
