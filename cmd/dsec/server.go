@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/dsec-project/dsec/api"
@@ -226,6 +227,7 @@ func serverCmd(ctx context.Context, args []string) error {
 	db := fs.String("db", os.Getenv("DSEC_DB"), "control-plane database: empty for SQLite in the data dir, or a PostgreSQL URL "+
 		"(postgres://…) shared by every replica ($DSEC_DB)")
 	localEdge := fs.Bool("local-edge", true, "run a node in this process (the all-in-one); false for a control plane only")
+	edgeInProcess := fs.Bool("edge-in-process", true, "with --local-edge: agent calls (exec, files, processes) reach the node's edge in-process; false: over its socket, as for a remote node")
 	clusterToken := fs.String("cluster-token", os.Getenv("DSEC_CLUSTER_TOKEN"), "token nodes join with (dsec edge --join … --token); empty: no remote nodes ($DSEC_CLUSTER_TOKEN)")
 	overcommit := fs.Float64("cpu-overcommit", scheduler.DefaultConfig.CPUOvercommit, "how many times a node's cores may be promised to sandboxes")
 	burst := fs.Float64("burst-threshold", scheduler.DefaultConfig.BurstThreshold, "utilisation of the regular nodes above which burst-eligible sandboxes go to burst nodes")
@@ -290,9 +292,20 @@ func serverCmd(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	var local atomic.Pointer[inProcessEdge]
+	newNodeClient := func(addr, token string) (*edge.Client, error) {
+		c, err := edge.NewClient(addr, token)
+		if l := local.Load(); err == nil && l != nil && l.addr == addr {
+			c.WithLocal(l.handler)
+		}
+		return c, err
+	}
+	if !*edgeInProcess {
+		newNodeClient = edge.NewClient
+	}
 	srv := server.New(server.Config{
-		URLSigningKey: urlKey,
-		Store:         st, Layers: layers, TmpDir: filepath.Join(dataDir, "tmp"), Logger: log, Profiles: profiles,
+		URLSigningKey: urlKey, NewNodeClient: newNodeClient,
+		Store: st, Layers: layers, TmpDir: filepath.Join(dataDir, "tmp"), Logger: log, Profiles: profiles,
 		DefaultIdleTimeout: idle.Truncate(time.Second), TrajectoryRetention: *retention,
 		FnCall: fc, BatchParallel: *batchParallel, MaxSnapshotDepth: *snapDepth,
 		Scheduler: scheduler.New(sched), ClusterToken: *clusterToken, NodeTimeout: *nodeTimeout,
@@ -303,7 +316,7 @@ func serverCmd(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		stop, err := nf.runLocalEdge(ctx, dataDir, nodeLayers, srv, log)
+		stop, err := nf.runLocalEdge(ctx, dataDir, nodeLayers, srv, &local, log)
 		if err != nil {
 			return err
 		}
@@ -331,10 +344,19 @@ func openStore(ctx context.Context, db, dataDir string) (store.Store, error) {
 	return sqlite.Open(ctx, filepath.Join(dataDir, "dsec.db"))
 }
 
+// inProcessEdge is the all-in-one's own edge: the address it joins with and
+// its API handler, which the control plane's client of that address
+// calls in-process for agent requests (edge.Client.WithLocal).
+type inProcessEdge struct {
+	addr    string
+	handler http.Handler
+}
+
 // runLocalEdge starts the all-in-one's own node: its edge API on a unix
 // socket only root can reach, reporting to the control plane in-process
-// exactly as a remote node does over HTTP.
-func (n *nodeFlags) runLocalEdge(ctx context.Context, dataDir string, layers edge.Layers, srv *server.Server, log *slog.Logger) (func(), error) {
+// exactly as a remote node does over HTTP. It sets local before the node
+// joins.
+func (n *nodeFlags) runLocalEdge(ctx context.Context, dataDir string, layers edge.Layers, srv *server.Server, local *atomic.Pointer[inProcessEdge], log *slog.Logger) (func(), error) {
 	e, closeEdge, err := n.startEdge(ctx, filepath.Join(dataDir, "edge"), layers, log)
 	if err != nil {
 		return nil, err
@@ -346,8 +368,10 @@ func (n *nodeFlags) runLocalEdge(ctx context.Context, dataDir string, layers edg
 		closeEdge()
 		return nil, err
 	}
-	edgeSrv := &http.Server{Handler: e.Handler(""), ReadHeaderTimeout: 10 * time.Second}
+	h := e.Handler("")
+	edgeSrv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	go edgeSrv.Serve(el)
+	local.Store(&inProcessEdge{addr: "unix://" + edgeSock, handler: h})
 	labels, err := keyValues(n.labels, "--label")
 	if err != nil {
 		edgeSrv.Close()

@@ -8,11 +8,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/client"
 	"github.com/dsec-project/dsec/internal/agent"
+	"github.com/dsec-project/dsec/internal/edge"
 )
 
 // ExecConfig sets up `dsec bench exec`.
@@ -31,9 +33,11 @@ type ExecConfig struct {
 }
 
 // Exec times warm exec round trips of `true` through the public HTTP API
-// against, in the same run, a direct call to the sandbox's agent over its
-// unix socket (what the server and edge add is the difference) and a
-// fork+exec of /bin/true from Go (the least any exec costs).
+// against, in the same run, the same exec sent straight to the node's edge
+// (what the server adds), straight to the sandbox's agent over its unix
+// socket (what the edge adds) and a fork+exec of /bin/true from Go (the
+// least any exec costs). The measures take turns in rounds, so that a
+// machine whose load drifts weighs on all of them alike.
 func Exec(ctx context.Context, cfg ExecConfig) error {
 	w := cfg.Out
 	n := max(cfg.N, 1)
@@ -46,43 +50,32 @@ func Exec(ctx context.Context, cfg ExecConfig) error {
 	}
 	defer cfg.Client.DeleteSandbox(context.WithoutCancel(ctx), sb.ID)
 	req := &api.ExecRequest{Cmd: []string{"true"}}
-	time1 := func(f func() error) ([]time.Duration, error) {
-		// A few untimed rounds first: connections, caches, page faults.
-		for range min(20, n) {
-			if err := f(); err != nil {
-				return nil, err
-			}
-		}
-		d := make([]time.Duration, 0, n)
-		for range n {
-			t0 := time.Now()
-			if err := f(); err != nil {
-				return nil, err
-			}
-			d = append(d, time.Since(t0))
-		}
-		return d, nil
+	type measure struct {
+		name string
+		f    func() error
+		d    []time.Duration
+		s    stats
 	}
-	fmt.Fprintf(w, "%-48s %10s %10s\n", "measure", "p50", "p99")
-	row := func(name string, d []time.Duration) stats {
-		s := summarize(d)
-		fmt.Fprintf(w, "%-48s %10s %10s\n", name, msFine(s.p50), msFine(s.p99))
-		return s
-	}
-	apiTimes, err := time1(func() error {
+	measures := []*measure{{name: "dsec warm exec through the HTTP API", f: func() error {
 		res, err := cfg.Client.Exec(ctx, sb.ID, req)
 		if err == nil && res.ExitCode != 0 {
 			err = fmt.Errorf("true exited %d", res.ExitCode)
 		}
 		return err
-	})
-	if err != nil {
-		return fmt.Errorf("exec through the API: %w", err)
-	}
-	viaAPI := row("dsec warm exec through the HTTP API", apiTimes)
-	var direct stats
+	}}}
 	if cfg.DataDir != "" {
+		edgeSock := filepath.Join(cfg.DataDir, "edge.sock")
 		sock := filepath.Join(cfg.DataDir, "edge", "container", "sandboxes", sb.ID, "agent.sock")
+		if _, err := os.Stat(edgeSock); err != nil {
+			fmt.Fprintf(w, "%-48s %s\n", "direct edge call", "skipped: "+err.Error())
+		} else if ec, err := edge.NewClient("unix://"+edgeSock, ""); err != nil {
+			return err
+		} else {
+			measures = append(measures, &measure{name: "direct edge call (edge.sock, no server)", f: func() error {
+				_, err := ec.Exec(ctx, sb.ID, req)
+				return err
+			}})
+		}
 		if _, err := os.Stat(sock); err != nil {
 			fmt.Fprintf(w, "%-48s %s\n", "direct agent call", "skipped: "+err.Error())
 		} else {
@@ -91,23 +84,62 @@ func Exec(ctx context.Context, cfg ExecConfig) error {
 				return d.DialContext(ctx, "unix", sock)
 			})
 			defer ag.Close()
-			d, err := time1(func() error { _, err := ag.Exec(ctx, req); return err })
-			if err != nil {
-				return fmt.Errorf("direct agent call: %w", err)
-			}
-			direct = row("baseline: direct agent call (unix socket)", d)
+			measures = append(measures, &measure{name: "direct agent call (unix socket)", f: func() error {
+				_, err := ag.Exec(ctx, req)
+				return err
+			}})
 		}
 	}
-	fe, err := time1(func() error { return exec.CommandContext(ctx, "/bin/true").Run() })
-	if err != nil {
-		return fmt.Errorf("fork+exec baseline: %w", err)
+	fork := &measure{name: "fork+exec /bin/true from Go", f: func() error { return exec.CommandContext(ctx, "/bin/true").Run() }}
+	measures = append(measures, fork)
+	// A few untimed rounds first: connections, caches, page faults.
+	for _, m := range measures {
+		for range min(20, n) {
+			if err := m.f(); err != nil {
+				return fmt.Errorf("%s: %w", m.name, err)
+			}
+		}
 	}
-	fork := row("baseline: fork+exec /bin/true from Go", fe)
-	fmt.Fprintf(w, "\nAPI exec p50 / fork+exec p50: %.2f×\n", float64(viaAPI.p50)/float64(fork.p50))
-	if direct.p50 > 0 {
-		fmt.Fprintf(w, "API exec p50 - direct agent p50 (server and edge): %s\n", msFine(viaAPI.p50-direct.p50))
+	const rounds = 10
+	for r := range rounds {
+		k := n/rounds + b2i(r < n%rounds)
+		for _, m := range measures {
+			for range k {
+				t0 := time.Now()
+				if err := m.f(); err != nil {
+					return fmt.Errorf("%s: %w", m.name, err)
+				}
+				m.d = append(m.d, time.Since(t0))
+			}
+		}
+	}
+	fmt.Fprintf(w, "%-48s %10s %10s %12s\n", "measure", "p50", "p99", "p50/fork")
+	for _, m := range measures {
+		m.s = summarize(m.d)
+	}
+	for _, m := range measures {
+		fmt.Fprintf(w, "%-48s %10s %10s %11.2f×\n", m.name, msFine(m.s.p50), msFine(m.s.p99), float64(m.s.p50)/float64(fork.s.p50))
+	}
+	fmt.Fprintln(w)
+	for i := 0; i+2 < len(measures); i++ {
+		fmt.Fprintf(w, "p50 %s - %s: %s\n", short(measures[i].name), short(measures[i+1].name), msFine(measures[i].s.p50-measures[i+1].s.p50))
 	}
 	return nil
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// short is a measure's name up to its first parenthesis.
+func short(name string) string {
+	if i := strings.IndexByte(name, '('); i > 0 {
+		return strings.TrimSpace(name[:i])
+	}
+	return name
 }
 
 func msFine(d time.Duration) string { return fmt.Sprintf("%.2fms", float64(d.Microseconds())/1000) }

@@ -22,6 +22,9 @@ type Client struct {
 	token string
 	hc    *http.Client
 	proxy *httputil.ReverseProxy
+	// local is the edge's own handler when it runs in this process (the
+	// all-in-one): ProxyAgent hands requests to it directly.
+	local http.Handler
 }
 
 // NewClient returns a client for the edge at addr: "unix:///path/edge.sock"
@@ -158,10 +161,37 @@ func (c *Client) op(ctx context.Context, id, op string) error {
 	return c.do(ctx, http.MethodPost, "/v1/sandboxes/"+id+"/"+op, nil, nil)
 }
 
+// WithLocal makes ProxyAgent hand its requests to h, the edge's API
+// handler running in this process (the all-in-one's own node), instead
+// of sending them over the edge's socket. The edge then proxies to the
+// agent straight into the caller's ResponseWriter: a warm exec saves an
+// HTTP round trip, a proxy and their goroutine handoffs, and streaming,
+// full duplex and hijacking work as on the caller's own connection. The
+// client's other calls still go over the socket.
+func (c *Client) WithLocal(h http.Handler) *Client {
+	c.local = h
+	return c
+}
+
 // ProxyAgent forwards r to the sandbox's agent at path (e.g. "/exec"),
 // keeping its query, body and streaming.
 func (c *Client) ProxyAgent(w http.ResponseWriter, r *http.Request, id, path string) {
 	r2 := r.Clone(r.Context())
+	if c.local != nil {
+		// What the socket hop would do: the edge sees its own path, its
+		// token instead of the caller's credentials, and the call's id.
+		r2.URL.Path, r2.URL.RawPath = "/v1/sandboxes/"+id+"/agent"+path, ""
+		r2.RequestURI = r2.URL.RequestURI()
+		r2.Header.Del("Authorization")
+		if c.token != "" {
+			r2.Header.Set("Authorization", "Bearer "+c.token)
+		}
+		if rid := reqid.From(r.Context()); rid != "" {
+			r2.Header.Set(reqid.Header, rid)
+		}
+		c.local.ServeHTTP(w, r2)
+		return
+	}
 	target := c.base + "/v1/sandboxes/" + id + "/agent" + path
 	rp := *c.proxy
 	rp.Rewrite = func(pr *httputil.ProxyRequest) {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/dsec-project/dsec/internal/edge"
+	"github.com/dsec-project/dsec/internal/reqid"
 )
 
 // TestProxyAnswersBeforeTheBodyEnds: an agent answers once it has parsed
@@ -80,5 +81,55 @@ func TestProxyAnswersBeforeTheBodyEnds(t *testing.T) {
 	}
 	if n := strings.Count(string(got), "\n"); n != lines {
 		t.Fatalf("answer has %d lines, want %d", n, lines)
+	}
+}
+
+// TestProxyAgentInProcess: a client WithLocal hands agent requests to the
+// edge's handler in this process as the socket hop would present them
+// (the edge's path, the query, its token instead of the caller's, the
+// call's id), and the handler's streamed answer reaches the caller as it
+// is written.
+func TestProxyAgentInProcess(t *testing.T) {
+	type seen struct{ path, query, auth, id, body string }
+	got := make(chan seen, 1)
+	local := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		got <- seen{r.URL.Path, r.URL.RawQuery, r.Header.Get("Authorization"), r.Header.Get(reqid.Header), string(b)}
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		w.WriteHeader(http.StatusAccepted)
+		fmt.Fprintln(w, `{"stdout":"a"}`)
+		http.NewResponseController(w).Flush()
+		fmt.Fprintln(w, `{"exit":{}}`)
+	})
+	c, err := edge.NewClient("unix:///nonexistent/edge.sock", "edge-token")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.WithLocal(local)
+	front := httptest.NewServer(reqid.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c.ProxyAgent(w, r, "sb-1", "/files")
+	})))
+	defer front.Close()
+	req, _ := http.NewRequest(http.MethodPut, front.URL+"/v1/sandboxes/sb-1/files?path=%2Ftmp%2Fx", strings.NewReader("data"))
+	req.Header.Set("Authorization", "Bearer caller-key")
+	req.Header.Set(reqid.Header, "call-1")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := seen{"/v1/sandboxes/sb-1/agent/files", "path=%2Ftmp%2Fx", "Bearer edge-token", "call-1", "data"}
+	if s := <-got; s != want {
+		t.Errorf("the edge saw %+v, want %+v", s, want)
+	}
+	if resp.StatusCode != http.StatusAccepted || string(body) != "{\"stdout\":\"a\"}\n{\"exit\":{}}\n" {
+		t.Errorf("answer %d %q", resp.StatusCode, body)
+	}
+	if resp.Header.Get(reqid.Header) != "call-1" {
+		t.Errorf("answer's request id %q, want call-1", resp.Header.Get(reqid.Header))
 	}
 }
