@@ -85,7 +85,8 @@ func TestDesktopImage(t *testing.T) {
 		return sb
 	}
 	// waitDesktop polls the screen until it shows the desktop's
-	// background (X starts after the guest's agent answers).
+	// background and the terminal (X starts after the guest's agent
+	// answers).
 	waitDesktop := func(id, name string) []byte {
 		t.Helper()
 		start := time.Now()
@@ -96,7 +97,8 @@ func TestDesktopImage(t *testing.T) {
 				t.Fatalf("screenshot: %v", err)
 			}
 			shot = b
-			return colourShare(t, b, desktopBackground) > 0.2
+			// The background, and the terminal (white, a fifth of the screen).
+			return colourShare(t, b, desktopBackground) > 0.2 && colourShare(t, b, [3]uint8{0xff, 0xff, 0xff}) > 0.1
 		})
 		t.Logf("the desktop on the screen %s later", time.Since(start).Round(time.Second))
 		save(name, shot)
