@@ -293,7 +293,7 @@ func (s *Server) buildItem(ctx, client context.Context, b *batch, i int, placed 
 		return
 	}
 	start := time.Now()
-	cctx, cancel := context.WithTimeout(ctx, b.p.wait+createTimeout)
+	cctx, cancel := context.WithTimeout(ctx, b.p.wait+createTimeoutFor(b.p.req.Backend))
 	defer cancel()
 	p := b.p
 	p.gone = client.Done()

@@ -253,6 +253,28 @@ func TestClusterRetriesRefusals(t *testing.T) {
 	}
 }
 
+// A create that every node with room refused answers with the node's own
+// reason and class, not with "no node has room" (nor "context canceled",
+// which the call's cancelled context once made of every refusal).
+func TestCreateRefusedByTheOnlyNode(t *testing.T) {
+	ctx := context.Background()
+	c := sim.NewCluster()
+	nodes := addNodes(t, c, 1, api.Resources{CPU: 8, MemoryMB: 10000}, nil, "n")
+	nodes[0].Backend.Refuse = func(backend.Spec) error {
+		return fmt.Errorf("the guest stopped while booting: %w", errdefs.ErrUnavailable)
+	}
+	r := newReplica(t, openSQLite(t), c, filepath.Join(t.TempDir(), "admin.key"))
+	heartbeats(t, c, r)
+	_, err := r.client.CreateSandbox(ctx, small())
+	if client.Code(err) != api.CodeUnavailable || !strings.Contains(err.Error(), "the guest stopped while booting") ||
+		!strings.Contains(err.Error(), "refused") || strings.Contains(err.Error(), "canceled") {
+		t.Fatalf("create on a refusing node: %v (code %s)", err, client.Code(err))
+	}
+	if n, _ := r.store.GetNode(ctx, nodes[0].ID); n.Sandboxes != 0 || n.Allocated.MemoryMB != 0 {
+		t.Fatalf("the refused create left charges: %+v", n)
+	}
+}
+
 func TestClusterDrainQuotaBurst(t *testing.T) {
 	ctx := context.Background()
 	c := sim.NewCluster()

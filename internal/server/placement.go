@@ -79,12 +79,19 @@ func (s *Server) placeAndBuild(ctx context.Context, sb *store.Sandbox, p plan, p
 		}
 		return err
 	}
-	var lastErr error
+	var lastErr, refused error
+	var refusedBy string
 	for range maxNodeTries {
 		if !placed {
 			nodeID, err := s.reserve(ctx, sb.Tenant, req, p)
 			if err != nil {
-				if lastErr != nil {
+				switch {
+				case refused != nil && errors.Is(err, errdefs.ErrResourceExhausted) && !errors.Is(err, scheduler.ErrBusy):
+					// The nodes with room refused it: their reason (a guest
+					// that does not boot, a layer that cannot be fetched),
+					// in its own class, says more than "no room" would.
+					err = fmt.Errorf("sandbox %s: node %s refused it and no other node has room: %w", sb.API.ID, refusedBy, refused)
+				case lastErr != nil:
 					err = fmt.Errorf("%w (after: %v)", err, lastErr)
 				}
 				return fail(err)
@@ -122,6 +129,7 @@ func (s *Server) placeAndBuild(ctx context.Context, sb *store.Sandbox, p plan, p
 		s.log.WarnContext(ctx, "node refused sandbox; trying another", "sandbox", sb.API.ID, "node", sb.API.Node,
 			"tenant", sb.Tenant, "err", err)
 		req.Exclude, lastErr = append(req.Exclude, sb.API.Node), err
+		refused, refusedBy = err, sb.API.Node
 	}
 	return fail(fmt.Errorf("sandbox %s: %d nodes refused it, last: %w", sb.API.ID, len(req.Exclude), lastErr))
 }
@@ -175,11 +183,16 @@ func (s *Server) build(ctx context.Context, sb *store.Sandbox, p plan) error {
 		Network: net, Files: files, NeedsNetwork: policy.NeedsNetwork(*req.Network, req.Phases),
 		Env: req.Env, Phase: req.Phase,
 	})
-	cancel()
 	if err != nil {
+		// A node that went down cancels the call with its own cause; read
+		// it before cancel(), which would make every cause "canceled" and
+		// hide the node's own error.
 		if cause := context.Cause(cctx); cause != nil && ctx.Err() == nil {
 			err = cause
 		}
+	}
+	cancel()
+	if err != nil {
 		// The node may have made it and the answer got lost: make sure
 		// it does not stay there (a node that cannot be reached is
 		// reconciled when it comes back).

@@ -21,13 +21,17 @@ func (s *Server) SandboxLeaks() []string {
 			leaks = append(leaks, "directory "+filepath.Join(sbDir, e.Name()))
 		}
 	}
-	vmDir := filepath.Join(s.DataDir, "edge", "microvm", "vms")
-	if entries, err := os.ReadDir(vmDir); err == nil {
-		for _, e := range entries {
-			leaks = append(leaks, "directory "+filepath.Join(vmDir, e.Name()))
+	// A microVM's and a full VM's directory (a full VM's holds its disk
+	// overlay) and VMM process.
+	for _, kind := range []string{"microvm", "fullvm"} {
+		vmDir := filepath.Join(s.DataDir, "edge", kind, "vms")
+		if entries, err := os.ReadDir(vmDir); err == nil {
+			for _, e := range entries {
+				leaks = append(leaks, "directory "+filepath.Join(vmDir, e.Name()))
+			}
 		}
+		leaks = append(leaks, vmProcesses(vmDir)...)
 	}
-	leaks = append(leaks, vmProcesses(vmDir)...)
 	// The node's blobfs is the node's, not a sandbox's: it stays.
 	blobfsMount := filepath.Join(s.DataDir, "edge", "blobfs", "mnt")
 	if b, err := os.ReadFile("/proc/self/mountinfo"); err == nil {

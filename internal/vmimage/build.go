@@ -169,12 +169,17 @@ func install(opts Options) error {
 }
 
 // initramfsConf makes the initrd hold only what mounts the root of a
-// full VM (virtio PCI and block; ext4 is built into Debian's kernels):
-// a third of the default size, and no module probing at boot, which
-// under emulation takes tens of seconds.
+// full VM (virtio PCI and block, and ext4): a third of the default size,
+// and no module probing at boot, which under emulation takes tens of
+// seconds.
 const initramfsConf = "MODULES=list\nCOMPRESS=gzip\n"
 
-var initramfsModules = []string{"virtio_pci", "virtio_blk"}
+// initramfsModules are the initrd's modules. ext4 is built into Debian's
+// cloud kernel but a module of its generic one (linux-image-amd64, which
+// the desktop image needs for its DRM screen driver): without it the
+// initrd cannot mount the root ("mount: No such device") and the guest
+// reboots. A module built into the kernel is skipped by initramfs-tools.
+var initramfsModules = []string{"virtio_pci", "virtio_blk", "ext4"}
 
 // slimInitramfs rebuilds the tree's initrds (initramfs-tools) with
 // initramfsConf; a tree without initramfs-tools keeps what it has.
