@@ -114,9 +114,10 @@ func (b *duplexBody) Close() error { return nil }
 
 // ended reports whether the body was read to its end: EOF seen, or all of
 // its declared length read (what is left is the EOF itself, which a read
-// gets without waiting for the client).
+// gets without waiting for the client; a declared 0, which ReverseProxy
+// does not read at all, is ended from the start).
 func (b *duplexBody) ended() bool {
-	return b.eof.Load() || (b.length > 0 && b.read.Load() >= b.length)
+	return b.eof.Load() || (b.length >= 0 && b.read.Load() >= b.length)
 }
 
 // detach takes the body from the transport once the answer is done: it
