@@ -216,6 +216,12 @@ func running(pid int) bool {
 	return i >= 0 && i+2 < len(b) && b[i+2] != 'Z' && b[i+2] != 'X'
 }
 
+// isBlobfs reports whether process pid runs a blobfs command line.
+func isBlobfs(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	return err == nil && strings.Contains(string(b), "blobfs")
+}
+
 // readPid reads a pid file; 0 if there is none.
 func readPid(path string) int {
 	b, err := os.ReadFile(path)
@@ -238,7 +244,8 @@ func readPid(path string) int {
 func Supervise(ctx context.Context, dir string, argv []string, env []string, log *slog.Logger) {
 	failures := 0
 	for ctx.Err() == nil {
-		if pid := readPid(pidPath(dir)); pid > 0 {
+		// A stale pid file's pid may be another process's by now.
+		if pid := readPid(pidPath(dir)); pid > 0 && isBlobfs(pid) {
 			if pidfd, err := unix.PidfdOpen(pid, 0); err == nil {
 				waitPidfd(ctx, pidfd)
 				unix.Close(pidfd)
