@@ -53,6 +53,10 @@ type nodeFlags struct {
 	layers       layerFlags
 	microvm      microvmFlags
 	fullvm       fullvmFlags
+
+	// stopBlobfsSupervisor ends the restarts of the node's blobfs keeper
+	// (set by nodeLayers), before the node stops blobfs.
+	stopBlobfsSupervisor func()
 }
 
 func (n *nodeFlags) register(fs *flag.FlagSet) {
@@ -129,9 +133,19 @@ func (n *nodeFlags) nodeLayers(ctx context.Context, dataDir, storeLoc, localStor
 	if loc == "" {
 		loc = localStore
 	}
-	if err := blobfs.EnsureDaemon(ctx, bfsDir, argv, []string{storeEnv + "=" + loc}, log); err != nil {
+	env := []string{storeEnv + "=" + loc}
+	if err := blobfs.EnsureDaemon(ctx, bfsDir, argv, env, log); err != nil {
 		return nil, err
 	}
+	// A keeper that dies is started again and adopts its worker's FUSE
+	// connection: the layers mounted over blobfs live on.
+	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	supervised := make(chan struct{})
+	go func() {
+		defer close(supervised)
+		blobfs.Supervise(sctx, bfsDir, argv, env, log)
+	}()
+	n.stopBlobfsSupervisor = func() { cancel(); <-supervised }
 	cfg := edge.StoreLayersConfig{
 		Store: st, Dir: layerDir, Blobfs: blobfs.MountDir(bfsDir),
 		Mode: n.layers.mode, DirectBelow: n.layers.directBelow, Logger: log,
@@ -191,6 +205,9 @@ func (n *nodeFlags) startEdge(ctx context.Context, dataDir string, layers edge.L
 		}
 		// A node that stops with no sandbox left leaves no FUSE mount or
 		// process behind; one whose sandboxes live on keeps their blobfs.
+		if n.stopBlobfsSupervisor != nil {
+			n.stopBlobfsSupervisor()
+		}
 		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		if stopped, err := blobfs.StopDaemon(sctx, filepath.Join(dataDir, "blobfs")); err != nil {

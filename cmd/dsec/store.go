@@ -62,7 +62,10 @@ func blobfsCmd(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		return blobfs.Keep(ctx, *dir, append([]string{self, "blobfs"}, append(args, "--worker")...), log)
+		// Set by the edge when the last keeper died and left its worker
+		// serving: take over that worker's connection.
+		adopt, _ := strconv.Atoi(os.Getenv(blobfs.AdoptEnv))
+		return blobfs.Keep(ctx, *dir, append([]string{self, "blobfs"}, append(args, "--worker")...), adopt, log)
 	}
 	fd, err := strconv.Atoi(os.Getenv(blobfs.FDEnv))
 	if err != nil {

@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -29,8 +28,10 @@ import (
 // /dev/fuse fd and does nothing else, and a worker, its child, which serves
 // the fd it inherits. A worker that dies (kill -9, a crash) is started
 // again by the keeper; the new one asks the kernel to resend the requests
-// the dead one held (see fuse.go), so readers stall and never see EIO. The
-// edge finds it again through its directory:
+// the dead one held (see fuse.go), so readers stall and never see EIO. A
+// worker outlives its keeper, holding the connection open; the edge
+// (Supervise) starts a keeper that adopts it. The edge finds it again
+// through its directory:
 //
 //	<dir>/mnt               the FUSE mount
 //	<dir>/blobfs.sock       the worker's HTTP: GET /metrics, /v1/stats, /v1/touched/<hex>, POST /v1/stop
@@ -120,83 +121,6 @@ func serveControl(dir string, f *FS) (stop func(), err error) {
 	}, nil
 }
 
-// Keep is the keeper: it mounts a blobfs at MountDir(dir), holds its
-// /dev/fuse fd and runs worker (a command that calls Work) with the fd
-// inherited as fd 3, starting it again whenever it dies, until the file
-// system is unmounted (a worker exits 0 only then). When ctx ends it
-// unmounts if nothing uses the mount and otherwise serves on.
-func Keep(ctx context.Context, dir string, worker []string, log *slog.Logger) error {
-	mp := MountDir(dir)
-	if err := os.MkdirAll(mp, 0o700); err != nil {
-		return err
-	}
-	cleanStale(mp)
-	fd, err := mountFUSE(mp)
-	if err != nil {
-		return err
-	}
-	fuseFile := os.NewFile(uintptr(fd), "/dev/fuse")
-	defer fuseFile.Close()
-	if err := os.WriteFile(pidPath(dir), []byte(strconv.Itoa(os.Getpid())), 0o600); err != nil {
-		unix.Unmount(mp, unix.MNT_DETACH)
-		return err
-	}
-	defer os.Remove(pidPath(dir))
-	defer os.Remove(WorkerPidPath(dir))
-	// Workers die with the keeper (Pdeathsig): without the keeper's fd a
-	// worker's death would end the mount, so none may outlive it. The
-	// signal follows the thread that started the child: keep this one.
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	backoff := 10 * time.Millisecond
-	for {
-		cmd := exec.Command(worker[0], worker[1:]...)
-		cmd.Env = append(os.Environ(), FDEnv+"=3")
-		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
-		cmd.ExtraFiles = []*os.File{fuseFile}
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-		started := time.Now()
-		if err := cmd.Start(); err != nil {
-			unix.Unmount(mp, unix.MNT_DETACH)
-			return fmt.Errorf("start blobfs worker: %w", err)
-		}
-		exited := make(chan error, 1)
-		go func() { exited <- cmd.Wait() }()
-		var werr error
-	wait:
-		for {
-			select {
-			case werr = <-exited:
-				break wait
-			case <-ctx.Done():
-				// Unmount if unused; the worker then sees the connection
-				// end and exits 0.
-				if err := unix.Unmount(mp, 0); err != nil {
-					log.Warn("blobfs still in use; serving on", "err", err)
-				}
-				ctx = context.Background()
-			}
-		}
-		if werr == nil {
-			log.Info("blobfs unmounted")
-			return nil
-		}
-		// A worker killed by a signal is started again at once; one that
-		// fails by itself soon after its start backs off (a crash loop).
-		delay := 10 * time.Millisecond
-		var exitErr *exec.ExitError
-		if errors.As(werr, &exitErr) && !exitErr.Sys().(syscall.WaitStatus).Signaled() {
-			if time.Since(started) > 10*time.Second {
-				backoff = 10 * time.Millisecond
-			}
-			delay = backoff
-			backoff = min(backoff*2, time.Second)
-		}
-		log.Warn("blobfs worker died; starting another on the same mount", "err", werr, "after", delay)
-		time.Sleep(delay)
-	}
-}
-
 // Work is a keeper's worker: it serves the FUSE connection fd of the
 // mount at MountDir(dir), taking it over from a worker that died, and the
 // control socket. It returns nil when the file system was unmounted.
@@ -266,6 +190,12 @@ func EnsureDaemon(ctx context.Context, dir string, argv []string, env []string, 
 		return nil
 	}
 	cleanStale(MountDir(dir))
+	return startDaemon(ctx, dir, argv, env, log)
+}
+
+// startDaemon starts a keeper, `argv...`, in a session of its own and
+// waits until it has written its pid and its mount answers.
+func startDaemon(ctx context.Context, dir string, argv []string, env []string, log *slog.Logger) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
@@ -286,7 +216,7 @@ func EnsureDaemon(ctx context.Context, dir string, argv []string, env []string, 
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 	deadline := time.After(30 * time.Second)
-	for !alive(MountDir(dir)) {
+	for readPid(pidPath(dir)) != cmd.Process.Pid || !alive(MountDir(dir)) {
 		select {
 		case err := <-exited:
 			b, _ := os.ReadFile(filepath.Join(dir, "blobfs.log"))

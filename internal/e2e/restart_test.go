@@ -343,3 +343,54 @@ func TestStopLeavesBlobfsOnlyInUse(t *testing.T) {
 		t.Errorf("mounts left under the data dir:\n%s", mounts)
 	}
 }
+
+// TestBlobfsKeeperKilled: kill -9 of the node's blobfs keeper (the process
+// holding the FUSE mount) under a running sandbox whose layer is read on
+// demand. Its worker serves on; the edge starts a keeper that adopts the
+// worker's connection, so the sandbox reads data it had never touched, and
+// a new sandbox on another lazily read layer is created and reads it.
+func TestBlobfsKeeperKilled(t *testing.T) {
+	s := startServer(t, "--layer-direct-below", "0")
+	c := s.Client
+	ctx := ctxT(t)
+	big := strings.Repeat("0123456789abcdef", 1<<16) // 1 MiB, several chunks
+	if _, err := c.CreateLayer(ctx, api.KindWorkspace, "lazy:1", makeTar(t,
+		tarFile{name: "data/first", body: "first"},
+		tarFile{name: "data/later", body: big},
+	), false); err != nil {
+		t.Fatal(err)
+	}
+	sb := newSandbox(t, c, &api.LayerRefs{Base: "base:minimal", Workspace: "lazy:1"})
+	if got := sh(t, c, sb.ID, "cat /data/first"); got != "first" {
+		t.Fatalf("before the kill: %q", got)
+	}
+	pidFile := filepath.Join(s.DataDir, "edge", "blobfs", "blobfs.pid")
+	readPid := func() int {
+		b, _ := os.ReadFile(pidFile)
+		n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		return n
+	}
+	old := readPid()
+	if old == 0 {
+		t.Fatal("no blobfs keeper pid")
+	}
+	if err := syscall.Kill(old, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	testutil.EventuallyTrue(t, 30*time.Second, "a new blobfs keeper", func() bool {
+		n := readPid()
+		return n != 0 && n != old && syscall.Kill(n, 0) == nil
+	})
+
+	if got := sh(t, c, sb.ID, "md5sum < /data/later"); got != md5hex(big)+"  -\n" {
+		t.Fatalf("after the keeper's kill, /data/later hashes to %q", got)
+	}
+	other := strings.Repeat("fedcba9876543210", 1<<16)
+	if _, err := c.CreateLayer(ctx, api.KindWorkspace, "lazy:2", makeTar(t, tarFile{name: "data/other", body: other}), false); err != nil {
+		t.Fatal(err)
+	}
+	sb2 := newSandbox(t, c, &api.LayerRefs{Base: "base:minimal", Workspace: "lazy:2"})
+	if got := sh(t, c, sb2.ID, "md5sum < /data/other"); got != md5hex(other)+"  -\n" {
+		t.Fatalf("a new sandbox after the keeper's kill: /data/other hashes to %q", got)
+	}
+}

@@ -67,17 +67,23 @@ func (e *Edge) Input(ctx context.Context, id string, actions []api.InputAction) 
 }
 
 // displaySize is the size of a sandbox's screen: asked of the agent in a
-// container, from a screenshot otherwise.
+// container, from a screenshot otherwise, at most once per displayTTL.
 func (e *Edge) displaySize(ctx context.Context, id string) (api.Display, error) {
-	d, err := e.display(id)
+	sb, err := e.get(id)
 	if err != nil {
 		return api.Display{}, err
 	}
-	if a, ok := d.(agentDisplay); ok {
-		return a.Size(ctx)
-	}
-	_, size, err := d.Screenshot(ctx, id)
-	return size, err
+	return sb.screen.get(ctx, func(ctx context.Context) (api.Display, error) {
+		d, err := e.display(id)
+		if err != nil {
+			return api.Display{}, err
+		}
+		if a, ok := d.(agentDisplay); ok {
+			return a.Size(ctx)
+		}
+		_, size, err := d.Screenshot(ctx, id)
+		return size, err
+	})
 }
 
 // displayRoutes serves the screen API of the edge: the control plane

@@ -103,6 +103,9 @@ type sandbox struct {
 
 	// op serializes lifecycle operations (reset, pause, destroy) on it.
 	op sync.Mutex
+
+	// screen is its screen's size as last asked (displaySize).
+	screen displayCache
 }
 
 // CreateRequest is the body of the edge's POST /v1/sandboxes.
@@ -346,6 +349,7 @@ func (e *Edge) Destroy(ctx context.Context, id string) error {
 func (e *Edge) Reset(ctx context.Context, id string) error {
 	return e.lifecycle(ctx, id, func(sb *sandbox) error {
 		sb.agent.Close() // connections to the old agent are dead
+		defer sb.screen.forget()
 		return sb.backend.Reset(ctx, id)
 	})
 }

@@ -2,11 +2,9 @@ package edge
 
 import (
 	"crypto/subtle"
-	"io"
 	"net/http"
 	"net/http/httputil"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/dsec-project/dsec/api"
@@ -172,66 +170,4 @@ func (e *Edge) proxyAgent(w http.ResponseWriter, r *http.Request) {
 		},
 	}
 	serveDuplex(rp, w, r)
-}
-
-// serveDuplex proxies r through rp in full duplex: the answer is copied
-// while the transport still reads the request body. An agent answers once
-// it has parsed the request, which may be before the transport has read
-// the body to its end; without full duplex an HTTP/1 server closes the
-// body at the answer's first flush, the transport's write fails, and it
-// closes the connection under the answer being copied (under load,
-// answers were cut short: "unexpected EOF", a stream without its exit).
-//
-// Full duplex asks two things of the handler. It must not return while the
-// transport still reads the body (the server then reads it too, to finish
-// the request), so it waits for the body's end. And an answer given before
-// the body was read (an upload over its limit) must say Connection: close,
-// since the server will close the connection it cannot finish.
-func serveDuplex(rp *httputil.ReverseProxy, w http.ResponseWriter, r *http.Request) {
-	rp.ModifyResponse = func(res *http.Response) error {
-		if res.StatusCode >= 400 && r.ContentLength != 0 {
-			w.Header().Set("Connection", "close")
-		}
-		return nil
-	}
-	_ = http.NewResponseController(w).EnableFullDuplex() // HTTP/2 is always full duplex
-	if r.Body == nil || r.Body == http.NoBody {
-		rp.ServeHTTP(w, r)
-		return
-	}
-	body := &watchedBody{ReadCloser: r.Body, done: make(chan struct{})}
-	r.Body = body
-	rp.ServeHTTP(w, r)
-	select {
-	case <-body.done:
-	case <-r.Context().Done():
-	case <-time.After(bodyWait):
-	}
-}
-
-// bodyWait bounds how long a proxy waits, after the answer, for its
-// transport to finish with the request body (the transport closes it, at
-// the latest when the upstream drops the connection).
-const bodyWait = 30 * time.Second
-
-// watchedBody is a request body that says when it was read to its end or
-// closed.
-type watchedBody struct {
-	io.ReadCloser
-	once sync.Once
-	done chan struct{}
-}
-
-func (b *watchedBody) Read(p []byte) (int, error) {
-	n, err := b.ReadCloser.Read(p)
-	if err != nil {
-		b.once.Do(func() { close(b.done) })
-	}
-	return n, err
-}
-
-func (b *watchedBody) Close() error {
-	err := b.ReadCloser.Close()
-	b.once.Do(func() { close(b.done) })
-	return err
 }

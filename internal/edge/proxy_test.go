@@ -2,11 +2,15 @@ package edge_test
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
+	"log"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -81,6 +85,178 @@ func TestProxyAnswersBeforeTheBodyEnds(t *testing.T) {
 	}
 	if n := strings.Count(string(got), "\n"); n != lines {
 		t.Fatalf("answer has %d lines, want %d", n, lines)
+	}
+}
+
+// frontServer serves c.ProxyAgent with the server's own log kept, so a
+// test can look for the panics net/http recovers and logs. spy, if set,
+// wraps each request body as the proxy gets it.
+func frontServer(t *testing.T, c *edge.Client, spy func(io.ReadCloser) io.ReadCloser, done func()) (*httptest.Server, *syncBuffer) {
+	t.Helper()
+	logs := &syncBuffer{}
+	front := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if spy != nil {
+			r.Body = spy(r.Body)
+		}
+		c.ProxyAgent(w, r, "sb-1", "/exec")
+		if done != nil {
+			done()
+		}
+	}))
+	front.Config.ErrorLog = log.New(logs, "", 0)
+	front.Start()
+	t.Cleanup(front.Close)
+	return front, logs
+}
+
+// TestProxyUnreadBodyKeepsTheServerWhole: an agent that cannot be reached
+// leaves the request body unread. Go's HTTP/1 server then read the rest
+// itself after the handler and, finding its end, started its read for the
+// next request, which the next request's own read on the kept-alive
+// connection ran into: "http: panic serving …: invalid concurrent
+// Body.Read call" (golang/go#68560), recovered and logged by net/http,
+// the connection dropped. Every answer must be a whole 503, in time, and
+// the server must log no panic.
+func TestProxyUnreadBodyKeepsTheServerWhole(t *testing.T) {
+	gone := httptest.NewServer(http.NotFoundHandler())
+	gone.Close() // its address now refuses connections
+	c, err := edge.NewClient(gone.URL, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	front, logs := frontServer(t, c, nil, nil)
+	client := &http.Client{Timeout: 10 * time.Second} // the old proxy waited 30 s for the body
+	for i := range 20 {
+		resp, err := client.Post(front.URL, "application/json", strings.NewReader(`{"shell":"true"}`))
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(b), "node unreachable") {
+			t.Fatalf("request %d: %d %q %v", i, resp.StatusCode, b, err)
+		}
+	}
+	if strings.Contains(logs.String(), "panic") {
+		t.Fatalf("the server recovered a panic:\n%s", logs)
+	}
+}
+
+// TestProxyStreamEndsWithItsAnswer: a stream whose request body stays open
+// (stdin of a process) ends when the agent's answer ends, not when the
+// client closes its body; the body is never read after the handler
+// returned (its reads and the server's must not overlap), and the
+// connection, whose rest of body is never read, is closed.
+func TestProxyStreamEndsWithItsAnswer(t *testing.T) {
+	agent := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(w)
+		_ = rc.EnableFullDuplex()
+		line, err := bufio.NewReader(r.Body).ReadString('\n')
+		if err != nil {
+			t.Errorf("agent: read stdin: %v", err)
+			return
+		}
+		fmt.Fprintf(w, "got %s", line) // the process exits after one line
+	}))
+	defer agent.Close()
+	c, err := edge.NewClient(agent.URL, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var returned atomic.Bool
+	var late atomic.Int32
+	spy := func(rc io.ReadCloser) io.ReadCloser {
+		return lateReads{rc, &returned, &late}
+	}
+	front, logs := frontServer(t, c, spy, func() { returned.Store(true) })
+
+	body, bodyW := io.Pipe()
+	defer bodyW.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // the old proxy waited 30 s
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, front.URL, body)
+	go bodyW.Write([]byte("hello\n"))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || string(got) != "got hello\n" {
+		t.Fatalf("answer %q, %v; want it whole while stdin is open", got, err)
+	}
+	if !resp.Close {
+		t.Error("answer without Connection: close while its request body was unread")
+	}
+	// The client gives up its body once the connection is gone; until then
+	// this write may be read by no one.
+	if _, err := bodyW.Write([]byte("more\n")); err == nil {
+		_, err = bodyW.Write([]byte("more\n"))
+		t.Logf("second write: %v", err)
+	}
+	if n := late.Load(); n != 0 {
+		t.Fatalf("the request body was read %d times after its handler returned", n)
+	}
+	if strings.Contains(logs.String(), "panic") {
+		t.Fatalf("the server recovered a panic:\n%s", logs)
+	}
+}
+
+// lateReads counts Reads that end after the handler returned.
+type lateReads struct {
+	io.ReadCloser
+	returned *atomic.Bool
+	late     *atomic.Int32
+}
+
+func (l lateReads) Read(p []byte) (int, error) {
+	n, err := l.ReadCloser.Read(p)
+	if l.returned.Load() {
+		l.late.Add(1)
+	}
+	return n, err
+}
+
+// TestProxyKeepsExecConnections: plain requests (a JSON body with its
+// length) keep their connection, one after another, and leave no panic.
+func TestProxyKeepsExecConnections(t *testing.T) {
+	agent := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		w.Write(b)
+	}))
+	defer agent.Close()
+	c, err := edge.NewClient(agent.URL, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	front, logs := frontServer(t, c, nil, nil)
+	client := &http.Client{Timeout: 10 * time.Second}
+	reused := 0
+	for i := range 50 {
+		in := fmt.Sprintf(`{"shell":"echo %d"}`, i)
+		req, _ := http.NewRequest(http.MethodPost, front.URL, strings.NewReader(in))
+		req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+			GotConn: func(ci httptrace.GotConnInfo) {
+				if ci.Reused {
+					reused++
+				}
+			},
+		}))
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		out, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || string(out) != in {
+			t.Fatalf("request %d: %q, %v", i, out, err)
+		}
+	}
+	if reused < 45 {
+		t.Errorf("%d of 50 requests reused a connection", reused)
+	}
+	if strings.Contains(logs.String(), "panic") {
+		t.Fatalf("the server recovered a panic:\n%s", logs)
 	}
 }
 
