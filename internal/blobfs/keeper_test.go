@@ -100,7 +100,7 @@ func TestWorkerKilledUnderReads(t *testing.T) {
 	fx := newFixture(t, 1<<30)
 	dir := t.TempDir()
 	t.Setenv(workerEnv, strings.Join([]string{dir, fx.storeDir, fx.manifests, filepath.Join(dir, "cache")}, "|"))
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	keeper := exec.Command(os.Args[0], "-test.run=^$")
 	keeper.Env = append(os.Environ(), keeperEnv+"=1")
@@ -255,7 +255,7 @@ func TestKeeperKilledUnderReads(t *testing.T) {
 	fx := newFixture(t, 1<<30)
 	dir := t.TempDir()
 	t.Setenv(workerEnv, strings.Join([]string{dir, fx.storeDir, fx.manifests, filepath.Join(dir, "cache")}, "|"))
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	argv, env := []string{os.Args[0], "-test.run=^$"}, []string{keeperEnv + "=1"}
