@@ -13,12 +13,24 @@ import (
 // directories (with their sockets), mounts under the data dir, loop
 // devices on its files, runc containers, cgroups under the server's cgroup
 // parent, and processes in those cgroups. Empty means clean.
+//
+// While the server runs, the blank sandboxes of its node's pool are the
+// node's, not a sandbox's, and are not counted (LiveBlanks); once it has
+// stopped they are, so a stopped server must have drained its pool.
 func (s *Server) SandboxLeaks() []string {
 	var leaks []string
+	var blanks map[string]bool
+	select {
+	case <-s.done:
+	default:
+		blanks = LiveBlanks(filepath.Join(s.DataDir, "edge", "container"))
+	}
 	sbDir := filepath.Join(s.DataDir, "edge", "container", "sandboxes")
 	if entries, err := os.ReadDir(sbDir); err == nil {
 		for _, e := range entries {
-			leaks = append(leaks, "directory "+filepath.Join(sbDir, e.Name()))
+			if !blanks[e.Name()] {
+				leaks = append(leaks, "directory "+filepath.Join(sbDir, e.Name()))
+			}
 		}
 	}
 	vmDir := filepath.Join(s.DataDir, "edge", "microvm", "vms")
@@ -47,18 +59,48 @@ func (s *Server) SandboxLeaks() []string {
 	runcRoot := filepath.Join(s.DataDir, "edge", "container", "runc")
 	if out, err := exec.Command("runc", "--root", runcRoot, "list", "-q").Output(); err == nil {
 		for _, id := range strings.Fields(string(out)) {
-			leaks = append(leaks, "container "+id)
+			if !blanks[id] {
+				leaks = append(leaks, "container "+id)
+			}
 		}
 	}
 	for _, cg := range s.cgroupDirs() {
 		entries, _ := os.ReadDir(cg)
 		for _, e := range entries {
-			if e.IsDir() {
+			if e.IsDir() && !blanks[e.Name()] {
 				leaks = append(leaks, "cgroup "+filepath.Join(cg, e.Name()))
 			}
 		}
 	}
 	return leaks
+}
+
+// BlankPrefix names the blank sandboxes of a node's pool of containers
+// (see internal/backend/container/pool.go).
+const BlankPrefix = "pool-"
+
+// LiveBlanks lists the blank sandboxes a running edge keeps ready in its
+// pool, for leak checks to leave alone: those named BlankPrefix… that are
+// both a runc container and a sandbox directory under containerDir (the
+// edge's container backend root). What a claimed blank leaves — its
+// directory and container carry the sandbox's id, and a cgroup2 cgroup
+// keeps the blank's name but no container or directory has it — is still
+// counted.
+func LiveBlanks(containerDir string) map[string]bool {
+	blanks := map[string]bool{}
+	out, err := exec.Command("runc", "--root", filepath.Join(containerDir, "runc"), "list", "-q").Output()
+	if err != nil {
+		return blanks
+	}
+	for _, id := range strings.Fields(string(out)) {
+		if !strings.HasPrefix(id, BlankPrefix) {
+			continue
+		}
+		if st, err := os.Stat(filepath.Join(containerDir, "sandboxes", id)); err == nil && st.IsDir() {
+			blanks[id] = true
+		}
+	}
+	return blanks
 }
 
 // vmProcesses lists live processes (VMMs) whose command line names a

@@ -409,10 +409,15 @@ func (b *Backend) claim(ctx context.Context, blank *record, spec backend.Spec) (
 }
 
 // renameContainer renames runc's container old to id: its state
-// directory, and in its state file its id, host name and bundle paths. Its
-// cgroups keep their names (cgroup v2 cannot rename them): every later
-// step reads their paths from the state file.
-func (b *Backend) renameContainer(old, id string) error {
+// directory, and in its state file its id, host name, bundle paths and
+// cgroup paths. Its cgroup v1 directories are renamed to the sandbox's
+// name (rename(2) within a hierarchy), so they are those a cold create
+// makes; a cgroup v2 directory cannot be renamed (the kernel has no rename
+// for cgroup2) and keeps the blank's name — moving the processes to a new
+// cgroup instead would leave the agent's pages charged to the old one and
+// drop the device filter runc attached to it. Every later step reads the
+// paths from the state file.
+func (b *Backend) renameContainer(old, id string) (err error) {
 	from, to := filepath.Join(b.runc.root, old), filepath.Join(b.runc.root, id)
 	raw, err := os.ReadFile(filepath.Join(from, "state.json"))
 	if err != nil {
@@ -424,6 +429,20 @@ func (b *Backend) renameContainer(old, id string) error {
 	}
 	quoted := func(s string) []byte { b, _ := json.Marshal(s); return b }
 	state["id"] = quoted(id)
+	var paths map[string]string
+	if err := json.Unmarshal(state["cgroup_paths"], &paths); err != nil {
+		return fmt.Errorf("claim: runc state: cgroup paths: %w", err)
+	}
+	renamed, err := renameCgroups(paths, old, id)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			undoCgroupRenames(renamed)
+		}
+	}()
+	state["cgroup_paths"], _ = json.Marshal(paths)
 	cfg := state["config"]
 	cfg = bytes.ReplaceAll(cfg, []byte(b.dir(old)+"/"), []byte(b.dir(id)+"/"))
 	cfg = bytes.ReplaceAll(cfg, append([]byte(`"hostname":`), quoted(old)...), append([]byte(`"hostname":`), quoted(id)...))
@@ -440,12 +459,72 @@ func (b *Backend) renameContainer(old, id string) error {
 		return fmt.Errorf("claim: %w", err)
 	}
 	if err := unix.Renameat2(unix.AT_FDCWD, from, unix.AT_FDCWD, to, unix.RENAME_NOREPLACE); err != nil {
+		// The state file names the new cgroups; put back the old one with
+		// them undone (teardown of the blank reads it).
+		os.WriteFile(filepath.Join(from, "state.json"), raw, 0o600)
 		if errors.Is(err, unix.EEXIST) || errors.Is(err, unix.ENOTEMPTY) {
 			return fmt.Errorf("container %s: %w", id, errdefs.ErrAlreadyExists)
 		}
 		return fmt.Errorf("claim: %w", err)
 	}
 	return nil
+}
+
+// cgroupRename is one cgroup directory renamed by a claim.
+type cgroupRename struct{ from, to string }
+
+// renameCgroups renames, in paths (a runc state's cgroup_paths), every
+// cgroup v1 directory named old to id, and rewrites paths to match. The
+// cgroup v2 one ("" key, or any on a cgroup2 mount) keeps its name. On
+// error it undoes its renames and leaves paths as they were.
+func renameCgroups(paths map[string]string, old, id string) ([]cgroupRename, error) {
+	var done []cgroupRename
+	// Two controllers may share a directory (cpu and cpuacct, one a
+	// symbolic link to the other): it is renamed once.
+	moved := map[string]bool{}
+	newPaths := map[string]string{}
+	for ctl, dir := range paths {
+		if filepath.Base(dir) != old || isCgroup2(dir) {
+			continue
+		}
+		real, err := filepath.EvalSymlinks(dir)
+		if err != nil {
+			undoCgroupRenames(done)
+			return nil, fmt.Errorf("claim: cgroup %s: %w", dir, err)
+		}
+		newPaths[ctl] = filepath.Join(filepath.Dir(dir), id)
+		if moved[real] {
+			continue
+		}
+		to := filepath.Join(filepath.Dir(real), id)
+		// cgroupfs takes no rename flags; it refuses an existing name
+		// itself (EEXIST).
+		if err := unix.Rename(real, to); err != nil {
+			undoCgroupRenames(done)
+			if errors.Is(err, unix.EEXIST) || errors.Is(err, unix.ENOTEMPTY) {
+				return nil, fmt.Errorf("cgroup %s: %w", to, errdefs.ErrAlreadyExists)
+			}
+			return nil, fmt.Errorf("claim: rename cgroup %s: %w", real, err)
+		}
+		done = append(done, cgroupRename{real, to})
+		moved[real] = true
+	}
+	for ctl, p := range newPaths {
+		paths[ctl] = p
+	}
+	return done, nil
+}
+
+func undoCgroupRenames(done []cgroupRename) {
+	for _, r := range done {
+		os.Rename(r.to, r.from)
+	}
+}
+
+// isCgroup2 says whether dir is on a cgroup2 file system.
+func isCgroup2(dir string) bool {
+	var st unix.Statfs_t
+	return unix.Statfs(dir, &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC
 }
 
 // applyLimits writes to a running container's cgroups the limits runc

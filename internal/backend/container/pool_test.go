@@ -21,7 +21,8 @@ import (
 func newTestBackend(t *testing.T, pool PoolConfig) (*Backend, string, string) {
 	t.Helper()
 	root := t.TempDir()
-	parent := "dsec-test-" + filepath.Base(filepath.Dir(root))
+	// Two backends of one test (TestPoolMatchesCold) have two parents.
+	parent := "dsec-test-" + filepath.Base(filepath.Dir(root)) + "-" + filepath.Base(root)
 	b, err := New(Config{Root: root, AgentPath: filepath.Join(testutil.Binaries(t), "dsec-agent"), CgroupParent: parent, Pool: pool})
 	if err != nil {
 		t.Fatal(err)
@@ -94,8 +95,8 @@ func TestPoolMatchesCold(t *testing.T) {
 	testutil.Require(t, testutil.Root, testutil.Tool("runc"), testutil.File("/bin/busybox"), testutil.Tool("mkfs.erofs"))
 	ctx := context.Background()
 	base := backendtest.MinimalLayer(t, t.TempDir())
-	cold, _, _ := newTestBackend(t, PoolConfig{})
-	warm, _, _ := newTestBackend(t, PoolConfig{Max: 1, Min: 1})
+	cold, _, coldParent := newTestBackend(t, PoolConfig{})
+	warm, _, warmParent := newTestBackend(t, PoolConfig{Max: 1, Min: 1})
 	waitPool(t, warm, 1)
 	spec := func(id string) backend.Spec {
 		return backend.Spec{ID: id, Backend: api.BackendContainer, Layers: []backend.Layer{base},
@@ -131,6 +132,34 @@ func TestPoolMatchesCold(t *testing.T) {
 	}
 	if got, want := outside(t, warm, id), outside(t, cold, id); got != want {
 		t.Errorf("outside, pooled and cold differ:\n%s", lineDiff(got, want))
+	}
+	// Its cgroups are named as a cold create names them: the v1 ones are
+	// renamed at the claim; a cgroup2 one cannot be and keeps the blank's.
+	coldSt, err := cold.runc.readState(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	warmSt, err := warm.runc.readState(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for ctl, want := range coldSt.CgroupPaths {
+		got := strings.Replace(warmSt.CgroupPaths[ctl], "/"+warmParent+"/", "/"+coldParent+"/", 1)
+		if isCgroup2(want) {
+			if !strings.HasPrefix(filepath.Base(got), poolPrefix) || filepath.Dir(got) != filepath.Dir(want) {
+				t.Errorf("cgroup2 %q: pooled %s, cold %s", ctl, warmSt.CgroupPaths[ctl], want)
+			}
+			continue
+		}
+		if got != want {
+			t.Errorf("cgroup %q: pooled %s, cold %s", ctl, warmSt.CgroupPaths[ctl], want)
+		}
+		if _, err := os.Stat(warmSt.CgroupPaths[ctl]); err != nil {
+			t.Errorf("cgroup %q of the pooled sandbox: %v", ctl, err)
+		}
+	}
+	if len(warmSt.CgroupPaths) != len(coldSt.CgroupPaths) {
+		t.Errorf("cgroups: pooled %v, cold %v", warmSt.CgroupPaths, coldSt.CgroupPaths)
 	}
 	for _, b := range []*Backend{warm, cold} {
 		if st, err := b.State(ctx, id); err != nil || st != api.StateRunning {
