@@ -98,20 +98,18 @@ func (e *edgeProc) kill() {
 
 // leaks lists what the edge's sandboxes left on the node.
 // The blank sandboxes of its pool are the node's while it runs
-// (testutil.LiveBlanks); once it has stopped they count.
-func (e *edgeProc) leaks() []string {
-	var out []string
-	var blanks map[string]bool
-	select {
-	case <-e.done:
-	default:
-		blanks = testutil.LiveBlanks(filepath.Join(e.data, "container"))
-	}
+// (testutil.WithoutBlanks); once it has stopped they count.
+func (e *edgeProc) leaks() (out []string) {
+	defer func() {
+		select {
+		case <-e.done:
+		default:
+			out = testutil.WithoutBlanks(out, filepath.Join(e.data, "container"))
+		}
+	}()
 	entries, _ := os.ReadDir(filepath.Join(e.data, "container", "sandboxes"))
 	for _, d := range entries {
-		if !blanks[d.Name()] {
-			out = append(out, "directory "+d.Name())
-		}
+		out = append(out, "directory "+d.Name())
 	}
 	b, _ := os.ReadFile("/proc/self/mountinfo")
 	blobfsMount := filepath.Join(e.data, "blobfs", "mnt") // the node's, not a sandbox's
@@ -122,13 +120,11 @@ func (e *edgeProc) leaks() []string {
 	}
 	runcOut, _ := exec.Command("runc", "--root", filepath.Join(e.data, "container", "runc"), "list", "-q").Output()
 	for _, id := range strings.Fields(string(runcOut)) {
-		if !blanks[id] {
-			out = append(out, "container "+id)
-		}
+		out = append(out, "container "+id)
 	}
 	dirs, _ := filepath.Glob("/sys/fs/cgroup/*/" + e.parent + "/*")
 	for _, d := range dirs {
-		if st, err := os.Stat(d); err == nil && st.IsDir() && !blanks[filepath.Base(d)] {
+		if st, err := os.Stat(d); err == nil && st.IsDir() {
 			out = append(out, "cgroup "+d)
 		}
 	}

@@ -15,22 +15,14 @@ import (
 // parent, and processes in those cgroups. Empty means clean.
 //
 // While the server runs, the blank sandboxes of its node's pool are the
-// node's, not a sandbox's, and are not counted (LiveBlanks); once it has
+// node's, not a sandbox's, and are not counted (WithoutBlanks); once it has
 // stopped they are, so a stopped server must have drained its pool.
 func (s *Server) SandboxLeaks() []string {
 	var leaks []string
-	var blanks map[string]bool
-	select {
-	case <-s.done:
-	default:
-		blanks = LiveBlanks(filepath.Join(s.DataDir, "edge", "container"))
-	}
 	sbDir := filepath.Join(s.DataDir, "edge", "container", "sandboxes")
 	if entries, err := os.ReadDir(sbDir); err == nil {
 		for _, e := range entries {
-			if !blanks[e.Name()] {
-				leaks = append(leaks, "directory "+filepath.Join(sbDir, e.Name()))
-			}
+			leaks = append(leaks, "directory "+filepath.Join(sbDir, e.Name()))
 		}
 	}
 	vmDir := filepath.Join(s.DataDir, "edge", "microvm", "vms")
@@ -59,48 +51,51 @@ func (s *Server) SandboxLeaks() []string {
 	runcRoot := filepath.Join(s.DataDir, "edge", "container", "runc")
 	if out, err := exec.Command("runc", "--root", runcRoot, "list", "-q").Output(); err == nil {
 		for _, id := range strings.Fields(string(out)) {
-			if !blanks[id] {
-				leaks = append(leaks, "container "+id)
-			}
+			leaks = append(leaks, "container "+id)
 		}
 	}
 	for _, cg := range s.cgroupDirs() {
 		entries, _ := os.ReadDir(cg)
 		for _, e := range entries {
-			if e.IsDir() && !blanks[e.Name()] {
+			if e.IsDir() {
 				leaks = append(leaks, "cgroup "+filepath.Join(cg, e.Name()))
 			}
 		}
 	}
-	return leaks
+	select {
+	case <-s.done:
+		return leaks
+	default:
+		return WithoutBlanks(leaks, filepath.Join(s.DataDir, "edge", "container"))
+	}
 }
 
 // BlankPrefix names the blank sandboxes of a node's pool of containers
 // (see internal/backend/container/pool.go).
 const BlankPrefix = "pool-"
 
-// LiveBlanks lists the blank sandboxes a running edge keeps ready in its
-// pool, for leak checks to leave alone: those named BlankPrefix… that are
-// both a runc container and a sandbox directory under containerDir (the
-// edge's container backend root). What a claimed blank leaves — its
-// directory and container carry the sandbox's id, and a cgroup2 cgroup
-// keeps the blank's name but no container or directory has it — is still
-// counted.
-func LiveBlanks(containerDir string) map[string]bool {
-	blanks := map[string]bool{}
-	out, err := exec.Command("runc", "--root", filepath.Join(containerDir, "runc"), "list", "-q").Output()
-	if err != nil {
-		return blanks
-	}
-	for _, id := range strings.Fields(string(out)) {
-		if !strings.HasPrefix(id, BlankPrefix) {
-			continue
+// WithoutBlanks drops from leaks (lines ending in a path or id) those of
+// the blank sandboxes a running edge keeps ready in its pool, whose
+// container backend root is containerDir: a BlankPrefix… id whose
+// sandbox directory exists. A blank's directory is made before anything
+// else of it and removed after everything else, and the leaks are listed
+// before this looks, so a blank starting or torn down meanwhile is not
+// counted. What a claimed blank leaves is still counted: its directory
+// and container carry the sandbox's id, and a cgroup2 cgroup that keeps
+// the blank's name has no directory of that name.
+func WithoutBlanks(leaks []string, containerDir string) []string {
+	var out []string
+	for _, l := range leaks {
+		f := strings.Fields(l)
+		id := filepath.Base(f[len(f)-1])
+		if strings.HasPrefix(id, BlankPrefix) {
+			if st, err := os.Stat(filepath.Join(containerDir, "sandboxes", id)); err == nil && st.IsDir() {
+				continue
+			}
 		}
-		if st, err := os.Stat(filepath.Join(containerDir, "sandboxes", id)); err == nil && st.IsDir() {
-			blanks[id] = true
-		}
+		out = append(out, l)
 	}
-	return blanks
+	return out
 }
 
 // vmProcesses lists live processes (VMMs) whose command line names a

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -136,14 +137,22 @@ func (b *Backend) PoolStats() PoolStats {
 	return PoolStats{Size: len(p.ready), Target: p.target(time.Now()), Max: p.cfg.Max, Claims: p.claims, Misses: p.misses}
 }
 
-// refill keeps the pool at its target, one blank sandbox at a time (a
-// start is a `runc run`: a burst of them would slow the creates the pool
-// is there to speed up), and lets surplus blanks go once demand falls.
+// refillParallel is how many blank sandboxes the pool starts at a time.
+// A start is a `runc run`: a burst of them would slow the creates the pool
+// is there to speed up; one at a time could not keep up with a node's
+// sequential creates (each consumes a blank in about a reset's time while
+// a start takes a `runc run`'s).
+const refillParallel = 2
+
+// refill keeps the pool at its target, refillParallel blank sandboxes at
+// a time, and lets surplus blanks go once demand falls.
 func (b *Backend) refill() {
 	p := b.pool
 	defer close(p.done)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	var starts sync.WaitGroup
+	defer starts.Wait() // Close waits for the starts under way
 	go func() {
 		select {
 		case <-p.stop:
@@ -153,7 +162,29 @@ func (b *Backend) refill() {
 	}()
 	tick := time.NewTicker(max(p.cfg.Window/8, time.Second))
 	defer tick.Stop()
-	failures := 0
+	var failures atomic.Int32
+	start := func() {
+		defer starts.Done()
+		defer p.poke() // the loop looks again: more to start, or a failure
+		// Not cut short by Close: a runc run killed half way would
+		// leave a container runc has no state for. Close waits.
+		sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		rec, err := b.startBlank(sctx)
+		scancel()
+		p.mu.Lock()
+		p.starting--
+		if err == nil {
+			p.ready = append(p.ready, rec)
+		}
+		p.mu.Unlock()
+		if err != nil {
+			if ctx.Err() == nil {
+				b.log.Warn("pool: start a blank sandbox", "err", err, "failures", failures.Add(1))
+			}
+			return
+		}
+		failures.Store(0)
+	}
 	for {
 		for {
 			select {
@@ -168,7 +199,13 @@ func (b *Backend) refill() {
 				surplus = p.ready[0] // the oldest
 				p.ready = p.ready[1:]
 			}
-			if need > 0 {
+			// After a failure, one start at a time until one succeeds.
+			par := refillParallel
+			if failures.Load() > 0 {
+				par = 1
+			}
+			startOne := need > 0 && p.starting < par
+			if startOne {
 				p.starting++
 			}
 			p.mu.Unlock()
@@ -177,34 +214,24 @@ func (b *Backend) refill() {
 				p.owned.Delete(surplus.Spec.ID)
 				continue
 			}
-			if need <= 0 {
+			if !startOne {
 				break
 			}
-			// Not cut short by Close: a runc run killed half way would
-			// leave a container runc has no state for. Close waits.
-			sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-			rec, err := b.startBlank(sctx)
-			scancel()
-			p.mu.Lock()
-			p.starting--
-			if err == nil {
-				p.ready = append(p.ready, rec)
-			}
-			p.mu.Unlock()
-			if err != nil {
-				if ctx.Err() != nil {
-					return
-				}
-				failures++
-				b.log.Warn("pool: start a blank sandbox", "err", err, "failures", failures)
-				break // again at the next tick, not in a tight loop
-			}
-			failures = 0
+			starts.Add(1)
+			go start()
 		}
 		select {
 		case <-p.stop:
 			return
 		case <-p.wake:
+			if failures.Load() > 0 {
+				// Not in a tight loop: again at the next tick.
+				select {
+				case <-p.stop:
+					return
+				case <-tick.C:
+				}
+			}
 		case <-tick.C:
 		}
 	}
@@ -226,12 +253,22 @@ func (b *Backend) drainPool() {
 	ready := p.ready
 	p.ready = nil
 	p.mu.Unlock()
+	// A few at a time: a full pool (32) torn down one by one on a busy
+	// node would hold a SIGTERM'd server up for many seconds.
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 4)
 	for _, rec := range ready {
-		if err := b.teardown(context.Background(), rec.Spec.ID, rec); err != nil {
-			b.log.Warn("pool: tear down a blank sandbox", "sandbox", rec.Spec.ID, "err", err)
-		}
-		p.owned.Delete(rec.Spec.ID)
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			if err := b.teardown(context.Background(), rec.Spec.ID, rec); err != nil {
+				b.log.Warn("pool: tear down a blank sandbox", "sandbox", rec.Spec.ID, "err", err)
+			}
+			p.owned.Delete(rec.Spec.ID)
+		}()
 	}
+	wg.Wait()
 }
 
 // startBlank starts a blank sandbox: the container a cold create would
@@ -343,7 +380,8 @@ func (b *Backend) createPooled(ctx context.Context, spec backend.Spec) (bool, er
 		return false, nil
 	}
 	b.pool.count(true)
-	b.log.DebugContext(ctx, "pool: claimed", "sandbox", spec.ID, "blank", blank.Spec.ID, "took", time.Since(t0))
+	// The line a cold create logs, with the blank it came from.
+	b.log.DebugContext(ctx, "created", "sandbox", spec.ID, "from_blank", blank.Spec.ID, "took", time.Since(t0))
 	return true, nil
 }
 
