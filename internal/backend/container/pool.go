@@ -539,9 +539,9 @@ func renameCgroups(paths map[string]string, old, id string) ([]cgroupRename, err
 		// itself (EEXIST).
 		if err := unix.Rename(real, to); err != nil {
 			undoCgroupRenames(done)
-			if errors.Is(err, unix.EEXIST) || errors.Is(err, unix.ENOTEMPTY) {
-				return nil, fmt.Errorf("cgroup %s: %w", to, errdefs.ErrAlreadyExists)
-			}
+			// Not ErrAlreadyExists: a cgroup left with the sandbox's name
+			// does not stop a cold create (runc joins it), which the
+			// create falls back to.
 			return nil, fmt.Errorf("claim: rename cgroup %s: %w", real, err)
 		}
 		done = append(done, cgroupRename{real, to})

@@ -220,6 +220,57 @@ func TestPoolLeavesNothing(t *testing.T) {
 	}
 }
 
+// TestPoolClaimFallsBackCold: a claim that cannot rename the blank's
+// cgroups to the sandbox's name (a cgroup of that name is left on the
+// node) does not fail the create: the blank is torn down and the sandbox
+// starts cold, and nothing of either is left once it is destroyed.
+func TestPoolClaimFallsBackCold(t *testing.T) {
+	testutil.Require(t, testutil.Root, testutil.Tool("runc"), testutil.File("/bin/busybox"), testutil.Tool("mkfs.erofs"))
+	ctx := context.Background()
+	base := backendtest.MinimalLayer(t, t.TempDir())
+	b, root, parent := newTestBackend(t, PoolConfig{Max: 1, Min: 1})
+	waitPool(t, b, 1)
+	b.pool.mu.Lock()
+	blank := b.pool.ready[0].Spec.ID
+	b.pool.mu.Unlock()
+	st, err := b.runc.readState(blank)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v1 string
+	for ctl, dir := range st.CgroupPaths {
+		if ctl != "" && !isCgroup2(dir) {
+			v1 = filepath.Join(filepath.Dir(dir), "sb-taken")
+			break
+		}
+	}
+	if v1 == "" {
+		t.Skip("no cgroup v1 hierarchy: claims rename no cgroup") // cgroup2 only: nothing to collide
+	}
+	if err := os.Mkdir(v1, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(v1) })
+	spec := backend.Spec{ID: "sb-taken", Backend: api.BackendContainer, Layers: []backend.Layer{base},
+		Resources: api.Resources{MemoryMB: 32}, Network: api.Network{Mode: api.NetworkNone}}
+	if err := b.Create(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	if ps := b.PoolStats(); ps.Claims != 0 || ps.Misses != 1 {
+		t.Errorf("want the claim counted as a miss: %+v", ps)
+	}
+	if out := shell(t, b, spec.ID, "hostname"); out != "sb-taken\n" {
+		t.Fatalf("cold sandbox: %q", out)
+	}
+	if err := b.Destroy(ctx, spec.ID); err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	for _, leak := range leaks(t, b, root, parent) {
+		t.Error("leaked:", leak)
+	}
+}
+
 // lineDiff lists the lines only one of got (+) and want (-) has.
 func lineDiff(got, want string) string {
 	count := map[string]int{}
