@@ -9,12 +9,13 @@ import (
 	"github.com/dsec-project/dsec/internal/testutil"
 )
 
-// TestBlankPool: with --container-pool the node keeps blank sandboxes,
-// reports them in GET /v1/nodes, and creates claim them: the sandbox has
-// its own id as host name and in its environment, and its limits. A
-// stopped server leaves nothing, blank sandboxes included.
+// TestBlankPool: by default the node keeps blank sandboxes (at least 2,
+// at most 32), reports them in GET /v1/nodes, and creates claim them: the
+// sandbox has its own id as host name and in its environment, and its
+// limits. A server stopped by SIGTERM leaves nothing, blank sandboxes
+// included.
 func TestBlankPool(t *testing.T) {
-	s := startServer(t, "--container-pool", "2", "--container-pool-min", "2", "--heartbeat", "200ms")
+	s := startServer(t, "--heartbeat", "200ms")
 	c := s.Client
 	ctx := ctxT(t)
 	pool := func() *api.BlankPool {
@@ -33,7 +34,7 @@ func TestBlankPool(t *testing.T) {
 			return nil
 		})
 	}
-	waitFor("two blank sandboxes", func(p *api.BlankPool) bool { return p.Size == 2 && p.Max == 2 })
+	waitFor("two blank sandboxes", func(p *api.BlankPool) bool { return p.Size >= 2 && p.Max == 32 })
 	sb, err := c.CreateSandbox(ctx, &api.CreateSandboxRequest{
 		Layers: &api.LayerRefs{Base: "base:minimal"}, Resources: api.Resources{MemoryMB: 96},
 		Env: map[string]string{"FROM": "pool"},

@@ -34,14 +34,21 @@ func tenantClient(t *testing.T, s *testutil.Server, name string) (*client.Client
 	return client.New(s.URL, k.Secret), tn.ID
 }
 
-// runcContainers lists the containers runc runs for the server.
+// runcContainers lists the containers runc runs for the server's
+// sandboxes: not the blank sandboxes of its node's pool.
 func runcContainers(t *testing.T, s *testutil.Server) []string {
 	t.Helper()
 	out, err := exec.Command("runc", "--root", filepath.Join(s.DataDir, "edge", "container", "runc"), "list", "-q").Output()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return strings.Fields(string(out))
+	var ids []string
+	for _, id := range strings.Fields(string(out)) {
+		if !strings.HasPrefix(id, testutil.BlankPrefix) {
+			ids = append(ids, id)
+		}
+	}
+	return ids
 }
 
 // TestServerRestart kills the all-in-one server with SIGKILL while twenty

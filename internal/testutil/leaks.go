@@ -13,6 +13,10 @@ import (
 // directories (with their sockets), mounts under the data dir, loop
 // devices on its files, runc containers, cgroups under the server's cgroup
 // parent, and processes in those cgroups. Empty means clean.
+//
+// While the server runs, the blank sandboxes of its node's pool are the
+// node's, not a sandbox's, and are not counted (WithoutBlanks); once it has
+// stopped they are, so a stopped server must have drained its pool.
 func (s *Server) SandboxLeaks() []string {
 	var leaks []string
 	sbDir := filepath.Join(s.DataDir, "edge", "container", "sandboxes")
@@ -62,7 +66,40 @@ func (s *Server) SandboxLeaks() []string {
 			}
 		}
 	}
-	return leaks
+	select {
+	case <-s.done:
+		return leaks
+	default:
+		return WithoutBlanks(leaks, filepath.Join(s.DataDir, "edge", "container"))
+	}
+}
+
+// BlankPrefix names the blank sandboxes of a node's pool of containers
+// (see internal/backend/container/pool.go).
+const BlankPrefix = "pool-"
+
+// WithoutBlanks drops from leaks (lines ending in a path or id) those of
+// the blank sandboxes a running edge keeps ready in its pool, whose
+// container backend root is containerDir: a BlankPrefix… id whose
+// sandbox directory exists. A blank's directory is made before anything
+// else of it and removed after everything else, and the leaks are listed
+// before this looks, so a blank starting or torn down meanwhile is not
+// counted. What a claimed blank leaves is still counted: its directory
+// and container carry the sandbox's id, and a cgroup2 cgroup that keeps
+// the blank's name has no directory of that name.
+func WithoutBlanks(leaks []string, containerDir string) []string {
+	var out []string
+	for _, l := range leaks {
+		f := strings.Fields(l)
+		id := filepath.Base(f[len(f)-1])
+		if strings.HasPrefix(id, BlankPrefix) {
+			if st, err := os.Stat(filepath.Join(containerDir, "sandboxes", id)); err == nil && st.IsDir() {
+				continue
+			}
+		}
+		out = append(out, l)
+	}
+	return out
 }
 
 // vmProcesses lists live processes (VMMs) whose command line names a

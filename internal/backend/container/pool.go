@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -136,14 +137,22 @@ func (b *Backend) PoolStats() PoolStats {
 	return PoolStats{Size: len(p.ready), Target: p.target(time.Now()), Max: p.cfg.Max, Claims: p.claims, Misses: p.misses}
 }
 
-// refill keeps the pool at its target, one blank sandbox at a time (a
-// start is a `runc run`: a burst of them would slow the creates the pool
-// is there to speed up), and lets surplus blanks go once demand falls.
+// refillParallel is how many blank sandboxes the pool starts at a time.
+// A start is a `runc run`: a burst of them would slow the creates the pool
+// is there to speed up; one at a time could not keep up with a node's
+// sequential creates (each consumes a blank in about a reset's time while
+// a start takes a `runc run`'s).
+const refillParallel = 2
+
+// refill keeps the pool at its target, refillParallel blank sandboxes at
+// a time, and lets surplus blanks go once demand falls.
 func (b *Backend) refill() {
 	p := b.pool
 	defer close(p.done)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	var starts sync.WaitGroup
+	defer starts.Wait() // Close waits for the starts under way
 	go func() {
 		select {
 		case <-p.stop:
@@ -153,7 +162,29 @@ func (b *Backend) refill() {
 	}()
 	tick := time.NewTicker(max(p.cfg.Window/8, time.Second))
 	defer tick.Stop()
-	failures := 0
+	var failures atomic.Int32
+	start := func() {
+		defer starts.Done()
+		defer p.poke() // the loop looks again: more to start, or a failure
+		// Not cut short by Close: a runc run killed half way would
+		// leave a container runc has no state for. Close waits.
+		sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		rec, err := b.startBlank(sctx)
+		scancel()
+		p.mu.Lock()
+		p.starting--
+		if err == nil {
+			p.ready = append(p.ready, rec)
+		}
+		p.mu.Unlock()
+		if err != nil {
+			if ctx.Err() == nil {
+				b.log.Warn("pool: start a blank sandbox", "err", err, "failures", failures.Add(1))
+			}
+			return
+		}
+		failures.Store(0)
+	}
 	for {
 		for {
 			select {
@@ -168,7 +199,13 @@ func (b *Backend) refill() {
 				surplus = p.ready[0] // the oldest
 				p.ready = p.ready[1:]
 			}
-			if need > 0 {
+			// After a failure, one start at a time until one succeeds.
+			par := refillParallel
+			if failures.Load() > 0 {
+				par = 1
+			}
+			startOne := need > 0 && p.starting < par
+			if startOne {
 				p.starting++
 			}
 			p.mu.Unlock()
@@ -177,34 +214,24 @@ func (b *Backend) refill() {
 				p.owned.Delete(surplus.Spec.ID)
 				continue
 			}
-			if need <= 0 {
+			if !startOne {
 				break
 			}
-			// Not cut short by Close: a runc run killed half way would
-			// leave a container runc has no state for. Close waits.
-			sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-			rec, err := b.startBlank(sctx)
-			scancel()
-			p.mu.Lock()
-			p.starting--
-			if err == nil {
-				p.ready = append(p.ready, rec)
-			}
-			p.mu.Unlock()
-			if err != nil {
-				if ctx.Err() != nil {
-					return
-				}
-				failures++
-				b.log.Warn("pool: start a blank sandbox", "err", err, "failures", failures)
-				break // again at the next tick, not in a tight loop
-			}
-			failures = 0
+			starts.Add(1)
+			go start()
 		}
 		select {
 		case <-p.stop:
 			return
 		case <-p.wake:
+			if failures.Load() > 0 {
+				// Not in a tight loop: again at the next tick.
+				select {
+				case <-p.stop:
+					return
+				case <-tick.C:
+				}
+			}
 		case <-tick.C:
 		}
 	}
@@ -226,12 +253,22 @@ func (b *Backend) drainPool() {
 	ready := p.ready
 	p.ready = nil
 	p.mu.Unlock()
+	// A few at a time: a full pool (32) torn down one by one on a busy
+	// node would hold a SIGTERM'd server up for many seconds.
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 4)
 	for _, rec := range ready {
-		if err := b.teardown(context.Background(), rec.Spec.ID, rec); err != nil {
-			b.log.Warn("pool: tear down a blank sandbox", "sandbox", rec.Spec.ID, "err", err)
-		}
-		p.owned.Delete(rec.Spec.ID)
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			if err := b.teardown(context.Background(), rec.Spec.ID, rec); err != nil {
+				b.log.Warn("pool: tear down a blank sandbox", "sandbox", rec.Spec.ID, "err", err)
+			}
+			p.owned.Delete(rec.Spec.ID)
+		}()
 	}
+	wg.Wait()
 }
 
 // startBlank starts a blank sandbox: the container a cold create would
@@ -343,7 +380,8 @@ func (b *Backend) createPooled(ctx context.Context, spec backend.Spec) (bool, er
 		return false, nil
 	}
 	b.pool.count(true)
-	b.log.DebugContext(ctx, "pool: claimed", "sandbox", spec.ID, "blank", blank.Spec.ID, "took", time.Since(t0))
+	// The line a cold create logs, with the blank it came from.
+	b.log.DebugContext(ctx, "created", "sandbox", spec.ID, "from_blank", blank.Spec.ID, "took", time.Since(t0))
 	return true, nil
 }
 
@@ -409,10 +447,15 @@ func (b *Backend) claim(ctx context.Context, blank *record, spec backend.Spec) (
 }
 
 // renameContainer renames runc's container old to id: its state
-// directory, and in its state file its id, host name and bundle paths. Its
-// cgroups keep their names (cgroup v2 cannot rename them): every later
-// step reads their paths from the state file.
-func (b *Backend) renameContainer(old, id string) error {
+// directory, and in its state file its id, host name, bundle paths and
+// cgroup paths. Its cgroup v1 directories are renamed to the sandbox's
+// name (rename(2) within a hierarchy), so they are those a cold create
+// makes; a cgroup v2 directory cannot be renamed (the kernel has no rename
+// for cgroup2) and keeps the blank's name — moving the processes to a new
+// cgroup instead would leave the agent's pages charged to the old one and
+// drop the device filter runc attached to it. Every later step reads the
+// paths from the state file.
+func (b *Backend) renameContainer(old, id string) (err error) {
 	from, to := filepath.Join(b.runc.root, old), filepath.Join(b.runc.root, id)
 	raw, err := os.ReadFile(filepath.Join(from, "state.json"))
 	if err != nil {
@@ -424,6 +467,20 @@ func (b *Backend) renameContainer(old, id string) error {
 	}
 	quoted := func(s string) []byte { b, _ := json.Marshal(s); return b }
 	state["id"] = quoted(id)
+	var paths map[string]string
+	if err := json.Unmarshal(state["cgroup_paths"], &paths); err != nil {
+		return fmt.Errorf("claim: runc state: cgroup paths: %w", err)
+	}
+	renamed, err := renameCgroups(paths, old, id)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			undoCgroupRenames(renamed)
+		}
+	}()
+	state["cgroup_paths"], _ = json.Marshal(paths)
 	cfg := state["config"]
 	cfg = bytes.ReplaceAll(cfg, []byte(b.dir(old)+"/"), []byte(b.dir(id)+"/"))
 	cfg = bytes.ReplaceAll(cfg, append([]byte(`"hostname":`), quoted(old)...), append([]byte(`"hostname":`), quoted(id)...))
@@ -440,12 +497,72 @@ func (b *Backend) renameContainer(old, id string) error {
 		return fmt.Errorf("claim: %w", err)
 	}
 	if err := unix.Renameat2(unix.AT_FDCWD, from, unix.AT_FDCWD, to, unix.RENAME_NOREPLACE); err != nil {
+		// The state file names the new cgroups; put back the old one with
+		// them undone (teardown of the blank reads it).
+		os.WriteFile(filepath.Join(from, "state.json"), raw, 0o600)
 		if errors.Is(err, unix.EEXIST) || errors.Is(err, unix.ENOTEMPTY) {
 			return fmt.Errorf("container %s: %w", id, errdefs.ErrAlreadyExists)
 		}
 		return fmt.Errorf("claim: %w", err)
 	}
 	return nil
+}
+
+// cgroupRename is one cgroup directory renamed by a claim.
+type cgroupRename struct{ from, to string }
+
+// renameCgroups renames, in paths (a runc state's cgroup_paths), every
+// cgroup v1 directory named old to id, and rewrites paths to match. The
+// cgroup v2 one ("" key, or any on a cgroup2 mount) keeps its name. On
+// error it undoes its renames and leaves paths as they were.
+func renameCgroups(paths map[string]string, old, id string) ([]cgroupRename, error) {
+	var done []cgroupRename
+	// Two controllers may share a directory (cpu and cpuacct, one a
+	// symbolic link to the other): it is renamed once.
+	moved := map[string]bool{}
+	newPaths := map[string]string{}
+	for ctl, dir := range paths {
+		if filepath.Base(dir) != old || isCgroup2(dir) {
+			continue
+		}
+		real, err := filepath.EvalSymlinks(dir)
+		if err != nil {
+			undoCgroupRenames(done)
+			return nil, fmt.Errorf("claim: cgroup %s: %w", dir, err)
+		}
+		newPaths[ctl] = filepath.Join(filepath.Dir(dir), id)
+		if moved[real] {
+			continue
+		}
+		to := filepath.Join(filepath.Dir(real), id)
+		// cgroupfs takes no rename flags; it refuses an existing name
+		// itself (EEXIST).
+		if err := unix.Rename(real, to); err != nil {
+			undoCgroupRenames(done)
+			// Not ErrAlreadyExists: a cgroup left with the sandbox's name
+			// does not stop a cold create (runc joins it), which the
+			// create falls back to.
+			return nil, fmt.Errorf("claim: rename cgroup %s: %w", real, err)
+		}
+		done = append(done, cgroupRename{real, to})
+		moved[real] = true
+	}
+	for ctl, p := range newPaths {
+		paths[ctl] = p
+	}
+	return done, nil
+}
+
+func undoCgroupRenames(done []cgroupRename) {
+	for _, r := range done {
+		os.Rename(r.to, r.from)
+	}
+}
+
+// isCgroup2 says whether dir is on a cgroup2 file system.
+func isCgroup2(dir string) bool {
+	var st unix.Statfs_t
+	return unix.Statfs(dir, &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC
 }
 
 // applyLimits writes to a running container's cgroups the limits runc

@@ -22,7 +22,8 @@ import (
 func newTestBackend(t *testing.T, pool PoolConfig) (*Backend, string, string) {
 	t.Helper()
 	root := t.TempDir()
-	parent := "dsec-test-" + filepath.Base(filepath.Dir(root))
+	// Two backends of one test (TestPoolMatchesCold) have two parents.
+	parent := "dsec-test-" + filepath.Base(filepath.Dir(root)) + "-" + filepath.Base(root)
 	b, err := New(Config{Root: root, AgentPath: filepath.Join(testutil.Binaries(t), "dsec-agent"), CgroupParent: parent, Pool: pool})
 	if err != nil {
 		t.Fatal(err)
@@ -95,8 +96,8 @@ func TestPoolMatchesCold(t *testing.T) {
 	testutil.Require(t, testutil.Root, testutil.Tool("runc"), testutil.File("/bin/busybox"), testutil.Tool("mkfs.erofs"))
 	ctx := context.Background()
 	base := backendtest.MinimalLayer(t, t.TempDir())
-	cold, _, _ := newTestBackend(t, PoolConfig{})
-	warm, _, _ := newTestBackend(t, PoolConfig{Max: 1, Min: 1})
+	cold, _, coldParent := newTestBackend(t, PoolConfig{})
+	warm, _, warmParent := newTestBackend(t, PoolConfig{Max: 1, Min: 1})
 	waitPool(t, warm, 1)
 	spec := func(id string) backend.Spec {
 		return backend.Spec{ID: id, Backend: api.BackendContainer, Layers: []backend.Layer{base},
@@ -132,6 +133,34 @@ func TestPoolMatchesCold(t *testing.T) {
 	}
 	if got, want := outside(t, warm, id), outside(t, cold, id); got != want {
 		t.Errorf("outside, pooled and cold differ:\n%s", lineDiff(got, want))
+	}
+	// Its cgroups are named as a cold create names them: the v1 ones are
+	// renamed at the claim; a cgroup2 one cannot be and keeps the blank's.
+	coldSt, err := cold.runc.readState(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	warmSt, err := warm.runc.readState(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for ctl, want := range coldSt.CgroupPaths {
+		got := strings.Replace(warmSt.CgroupPaths[ctl], "/"+warmParent+"/", "/"+coldParent+"/", 1)
+		if isCgroup2(want) {
+			if !strings.HasPrefix(filepath.Base(got), poolPrefix) || filepath.Dir(got) != filepath.Dir(want) {
+				t.Errorf("cgroup2 %q: pooled %s, cold %s", ctl, warmSt.CgroupPaths[ctl], want)
+			}
+			continue
+		}
+		if got != want {
+			t.Errorf("cgroup %q: pooled %s, cold %s", ctl, warmSt.CgroupPaths[ctl], want)
+		}
+		if _, err := os.Stat(warmSt.CgroupPaths[ctl]); err != nil {
+			t.Errorf("cgroup %q of the pooled sandbox: %v", ctl, err)
+		}
+	}
+	if len(warmSt.CgroupPaths) != len(coldSt.CgroupPaths) {
+		t.Errorf("cgroups: pooled %v, cold %v", warmSt.CgroupPaths, coldSt.CgroupPaths)
 	}
 	for _, b := range []*Backend{warm, cold} {
 		if st, err := b.State(ctx, id); err != nil || st != api.StateRunning {
@@ -185,6 +214,57 @@ func TestPoolLeavesNothing(t *testing.T) {
 	}
 	if got := startNSMounts(t, b, root); len(got) != 0 {
 		t.Errorf("mounts in the start namespace: %v", got)
+	}
+	b.Close()
+	for _, leak := range leaks(t, b, root, parent) {
+		t.Error("leaked:", leak)
+	}
+}
+
+// TestPoolClaimFallsBackCold: a claim that cannot rename the blank's
+// cgroups to the sandbox's name (a cgroup of that name is left on the
+// node) does not fail the create: the blank is torn down and the sandbox
+// starts cold, and nothing of either is left once it is destroyed.
+func TestPoolClaimFallsBackCold(t *testing.T) {
+	testutil.Require(t, testutil.Root, testutil.Tool("runc"), testutil.File("/bin/busybox"), testutil.Tool("mkfs.erofs"))
+	ctx := context.Background()
+	base := backendtest.MinimalLayer(t, t.TempDir())
+	b, root, parent := newTestBackend(t, PoolConfig{Max: 1, Min: 1})
+	waitPool(t, b, 1)
+	b.pool.mu.Lock()
+	blank := b.pool.ready[0].Spec.ID
+	b.pool.mu.Unlock()
+	st, err := b.runc.readState(blank)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v1 string
+	for ctl, dir := range st.CgroupPaths {
+		if ctl != "" && !isCgroup2(dir) {
+			v1 = filepath.Join(filepath.Dir(dir), "sb-taken")
+			break
+		}
+	}
+	if v1 == "" {
+		t.Skip("no cgroup v1 hierarchy: claims rename no cgroup") // cgroup2 only: nothing to collide
+	}
+	if err := os.Mkdir(v1, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(v1) })
+	spec := backend.Spec{ID: "sb-taken", Backend: api.BackendContainer, Layers: []backend.Layer{base},
+		Resources: api.Resources{MemoryMB: 32}, Network: api.Network{Mode: api.NetworkNone}}
+	if err := b.Create(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	if ps := b.PoolStats(); ps.Claims != 0 || ps.Misses != 1 {
+		t.Errorf("want the claim counted as a miss: %+v", ps)
+	}
+	if out := shell(t, b, spec.ID, "hostname"); out != "sb-taken\n" {
+		t.Fatalf("cold sandbox: %q", out)
+	}
+	if err := b.Destroy(ctx, spec.ID); err != nil {
+		t.Fatal(err)
 	}
 	b.Close()
 	for _, leak := range leaks(t, b, root, parent) {
