@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -35,6 +36,14 @@ func TestStopDaemon(t *testing.T) {
 	t.Cleanup(func() { unix.Unmount(blobfs.MountDir(dir), unix.MNT_DETACH) })
 	blob := filepath.Join(blobfs.MountDir(dir), strings.TrimPrefix(fx.digest, "sha256:"))
 	testutil.Eventually(t, 10*time.Second, "blobfs up", func() error { _, err := os.Stat(blob); return err })
+	// Serve mounts before it listens on its control socket: wait for both.
+	testutil.Eventually(t, 10*time.Second, "blobfs control socket", func() error {
+		c, err := net.Dial("unix", filepath.Join(dir, "blobfs.sock"))
+		if err == nil {
+			c.Close()
+		}
+		return err
+	})
 
 	f, err := os.Open(blob)
 	if err != nil {
