@@ -31,6 +31,7 @@ func benchCmd(ctx context.Context, args []string) error {
 		fs.IntVar(&cfg.Parallel, "parallel-n", 256, "cycles in the parallel run")
 		fs.IntVar(&cfg.Concurrency, "concurrency", 32, "cycles at a time in the parallel run")
 		fs.IntVar(&cfg.Execs, "execs", 500, "warm exec round trips")
+		fs.IntVar(&cfg.Warmup, "warmup", 32, "untimed create→exec→destroy cycles first (8 at a time), so that the node's blank pool has seen the demand it follows (0: none, time a node fresh from rest)")
 		fs.BoolVar(&cfg.Baseline, "baseline", true, "also time bare `runc run` (needs root, on the server's machine)")
 		fs.StringVar(&cfg.WorkDir, "workdir", os.TempDir(), "scratch directory for the baseline")
 		fs.StringVar(&cfg.Runc, "runc", "runc", "runc binary for the baseline")

@@ -27,12 +27,14 @@ var devLinks = [][2]string{
 
 // switchRoot makes the detached mount mfd the root of the calling thread's
 // mount namespace (and so of every process in it), with the calling
-// thread in a new IPC namespace. The caller is the only process left and
-// its thread is locked: the IPC namespace is the thread's own until it
-// re-executes the agent.
-func switchRoot(mfd int) error {
-	if err := unix.Unshare(unix.CLONE_NEWIPC); err != nil {
-		return fmt.Errorf("new ipc namespace: %w", err)
+// thread in a new IPC namespace if newIPC. The caller is the only process
+// left and its thread is locked: the IPC namespace is the thread's own
+// until it re-executes the agent.
+func switchRoot(mfd int, newIPC bool) error {
+	if newIPC {
+		if err := unix.Unshare(unix.CLONE_NEWIPC); err != nil {
+			return fmt.Errorf("new ipc namespace: %w", err)
+		}
 	}
 	var suffix [8]byte
 	rand.Read(suffix[:])

@@ -26,6 +26,10 @@ type ResetResult struct {
 	// Instance is the answering agent's (see Health): the new one's
 	// differs.
 	Instance string `json:"instance"`
+	// Kept: the same agent serves on (it was unused, see handleReset);
+	// otherwise it is re-executing and the next connection reaches a new
+	// instance.
+	Kept bool `json:"kept,omitempty"`
 }
 
 // Carried is what an agent hands the agent it re-executes as on a reset:
@@ -68,6 +72,13 @@ const killWait = 5 * time.Second
 //     nothing of the old one's memory (background processes, output
 //     buffers, connections), on the same listening socket, in the new IPC
 //     namespace, under the same phase rules.
+//
+// An agent nothing but health checks, resets and cgroup placements ever
+// reached (used is false: a blank sandbox of the node's pool, claimed) has
+// nothing of a tenant's to drop: it switches roots without a new IPC
+// namespace (its own, runc's, was never used by a command) and serves on as
+// the same process, answering Kept. Re-executing would cost a Go agent's
+// start-up (a claim's largest step on a busy node) for nothing.
 //
 // A failure before step 2 leaves the sandbox as it was but without its
 // processes; a failure in step 2 leaves it unusable: the edge then
@@ -114,6 +125,32 @@ func (s *Server) handleReset(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, fmt.Errorf("reset: %w: %w", err, errdefs.ErrUnavailable))
 		return
 	}
+	keep := !s.used.Load()
+	if keep {
+		switched := make(chan error, 1)
+		go func() {
+			// Locked and never unlocked: the thread that switched goes
+			// with this goroutine.
+			runtime.LockOSThread()
+			switched <- switchRoot(root, false)
+		}()
+		err := <-switched
+		unix.Close(root)
+		if err != nil {
+			s.writeError(w, r, fmt.Errorf("reset: %w", err))
+			return
+		}
+		if ident != nil {
+			if err := ident.apply(); err != nil {
+				s.writeError(w, r, fmt.Errorf("reset: %w", err))
+				return
+			}
+		}
+		s.reaper.hold(false)
+		log.InfoContext(r.Context(), "reset; the unused agent serves on", "killed", killed, "duration", time.Since(t0))
+		writeJSON(w, http.StatusOK, &ResetResult{Killed: killed, DurationMs: time.Since(t0).Milliseconds(), Instance: instance, Kept: true})
+		return
+	}
 	state, err := carryState(carried)
 	if err != nil {
 		unix.Close(root)
@@ -133,7 +170,7 @@ func (s *Server) handleReset(w http.ResponseWriter, r *http.Request) {
 	proceed := make(chan struct{})
 	go func() {
 		runtime.LockOSThread() // never unlocked: this thread becomes the new agent
-		err := switchRoot(root)
+		err := switchRoot(root, true)
 		unix.Close(root)
 		switched <- err
 		if err != nil {

@@ -85,6 +85,11 @@ type Server struct {
 	ports  portConns
 	http   *http.Server
 	reqs   atomic.Int64
+	// used: a request besides a health check, a reset or a cgroup
+	// placement reached this process. A reset of an unused agent (a
+	// blank sandbox of the node's pool being claimed) keeps the process:
+	// it holds nothing a tenant left (see handleReset).
+	used atomic.Bool
 	// noConfine turns Landlock off (tests that run the agent outside a
 	// sandbox).
 	noConfine bool
@@ -204,6 +209,11 @@ func (s *Server) routes() http.Handler {
 		id := r.Header.Get(reqid.Header)
 		if !reqid.Valid(id) {
 			id = fmt.Sprintf("r-%d", s.reqs.Add(1))
+		}
+		switch r.URL.Path {
+		case "/healthz", "/reset", "/cgroup":
+		default:
+			s.used.Store(true)
 		}
 		log := s.cfg.Log.With(reqid.Attr, id)
 		ctx := context.WithValue(reqid.With(r.Context(), id), loggerKey{}, log)

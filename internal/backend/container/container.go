@@ -108,6 +108,9 @@ type record struct {
 	Starts int `json:"starts,omitempty"`
 	// acquired says the layer references are held (in memory only).
 	acquired bool
+	// nextDiskMB is the size of a writable layer made ahead at disk.next
+	// (a blank sandbox's; in memory only), 0 if none.
+	nextDiskMB int64
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -420,7 +423,7 @@ func (b *Backend) start(ctx context.Context, rec *record) (err error) {
 	defer logf.Close()
 	t0 := time.Now()
 	defer func() { b.log.DebugContext(ctx, "started container", "sandbox", id, "runc_run", time.Since(t0)) }()
-	if err := b.runc.run(ctx, b.startNS, root, id, dir, listener, logf); err != nil {
+	if err := b.runc.run(ctx, b.startNS, root, id, dir, listener, logf, false); err != nil {
 		b.runc.delete(context.WithoutCancel(ctx), id)
 		return err
 	}

@@ -2,6 +2,7 @@ package container
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -15,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/api"
@@ -56,6 +58,9 @@ type pool struct {
 	demand   []time.Time // eligible creates, oldest first, within Window
 	claims   uint64
 	misses   uint64
+	// diskMB is the writable layer size blanks make ahead: the last
+	// eligible create's (the node's default until one came).
+	diskMB int64
 
 	// owned holds the ids of the blank sandboxes this pool made and still
 	// holds (starting or ready), for Recover to leave alone.
@@ -144,6 +149,32 @@ func (b *Backend) PoolStats() PoolStats {
 // a start takes a `runc run`'s).
 const refillParallel = 2
 
+// refillQuiet is how long after the last create the pool waits before it
+// starts blanks, as long as it holds at least a quarter of its target
+// (holdFor).
+const refillQuiet = 300 * time.Millisecond
+
+// holdFor says how long the refill should wait before starting a blank:
+// while creates come one after another and the pool still holds a
+// quarter of its target, a refill's `runc run` would only compete with
+// them (for CPU, and for the kernel's mount and cgroup locks, which a
+// start at SCHED_IDLE takes too) — the pool is there to absorb a run of
+// creates and refill in the pause after it. Below a quarter it refills at
+// once. Preconditions: p.mu held.
+func (p *pool) holdFor(now time.Time) time.Duration {
+	if len(p.demand) == 0 {
+		return 0
+	}
+	low := max(1, p.target(now)/4)
+	if len(p.ready)+p.starting < low {
+		return 0
+	}
+	if since := now.Sub(p.demand[len(p.demand)-1]); since < refillQuiet {
+		return refillQuiet - since
+	}
+	return 0
+}
+
 // refill keeps the pool at its target, refillParallel blank sandboxes at
 // a time, and lets surplus blanks go once demand falls.
 func (b *Backend) refill() {
@@ -163,6 +194,7 @@ func (b *Backend) refill() {
 	tick := time.NewTicker(max(p.cfg.Window/8, time.Second))
 	defer tick.Stop()
 	var failures atomic.Int32
+	var hold time.Duration // the refill waits for creates to pause
 	start := func() {
 		defer starts.Done()
 		defer p.poke() // the loop looks again: more to start, or a failure
@@ -186,6 +218,7 @@ func (b *Backend) refill() {
 		failures.Store(0)
 	}
 	for {
+		hold = 0
 		for {
 			select {
 			case <-p.stop:
@@ -206,6 +239,11 @@ func (b *Backend) refill() {
 			}
 			startOne := need > 0 && p.starting < par
 			if startOne {
+				if hold = p.holdFor(time.Now()); hold > 0 {
+					startOne = false
+				}
+			}
+			if startOne {
 				p.starting++
 			}
 			p.mu.Unlock()
@@ -220,9 +258,14 @@ func (b *Backend) refill() {
 			starts.Add(1)
 			go start()
 		}
+		var resume <-chan time.Time
+		if hold > 0 {
+			resume = time.After(hold)
+		}
 		select {
 		case <-p.stop:
 			return
+		case <-resume:
 		case <-p.wake:
 			if failures.Load() > 0 {
 				// Not in a tight loop: again at the next tick.
@@ -320,6 +363,13 @@ func (b *Backend) startBlank(ctx context.Context) (rec *record, err error) {
 	if err != nil {
 		return nil, err
 	}
+	// Started in the background: runc and everything it starts under
+	// SCHED_IDLE, the container's cgroup at the lowest CPU weight. A
+	// refill so takes only CPU time nothing else on the node wants — on a
+	// small node it would otherwise compete with the very creates it is
+	// there to speed up, and with their first commands. A claim puts both
+	// back (foreground, applyLimits).
+	spec.Linux.Resources.CPU = &specs.LinuxCPU{Shares: ptrTo(uint64(blankShares))}
 	if err := backend.WriteJSONFile(filepath.Join(dir, "config.json"), spec); err != nil {
 		return nil, err
 	}
@@ -333,10 +383,25 @@ func (b *Backend) startBlank(ctx context.Context) (rec *record, err error) {
 		return nil, err
 	}
 	defer logf.Close()
-	if err := b.runc.run(ctx, b.startNS, root, id, dir, listener, logf); err != nil {
+	if err := b.runc.run(ctx, b.startNS, root, id, dir, listener, logf, true); err != nil {
 		return nil, err
 	}
 	b.runc.protectAgent(id)
+	// Its first writable layer, of the size the last create asked for,
+	// made now and in the background too: a claim of that size only
+	// switches to it.
+	b.pool.mu.Lock()
+	size := cmp.Or(b.pool.diskMB, defaultDiskMB)
+	b.pool.mu.Unlock()
+	onThrowawayThread(func() {
+		if err = unix.SchedSetAttr(0, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_IDLE}, 0); err == nil {
+			err = b.prepareNextDisk(ctx, id, size)
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("blank sandbox: writable layer: %w", err)
+	}
+	rec.nextDiskMB = size
 	return rec, nil
 }
 
@@ -360,6 +425,9 @@ func (b *Backend) eligible(spec backend.Spec) bool {
 // nothing changed) when the pool had nothing or the claim failed, for the
 // caller to start the sandbox cold.
 func (b *Backend) createPooled(ctx context.Context, spec backend.Spec) (bool, error) {
+	b.pool.mu.Lock()
+	b.pool.diskMB = diskMB(spec)
+	b.pool.mu.Unlock()
 	blank := b.pool.take()
 	if blank == nil {
 		b.log.DebugContext(ctx, "pool: empty; starting cold", "sandbox", spec.ID)
@@ -407,7 +475,7 @@ func (b *Backend) claim(ctx context.Context, blank *record, spec backend.Spec) (
 		return fmt.Errorf("claim: %w", err)
 	}
 	baselines.Delete(b.dir(old))
-	rec := &record{Spec: spec, UIDs: blank.UIDs}
+	rec := &record{Spec: spec, UIDs: blank.UIDs, nextDiskMB: blank.nextDiskMB}
 	b.mu.Lock()
 	b.uids[rec.UIDs.Base] = id
 	b.mu.Unlock()
@@ -422,6 +490,9 @@ func (b *Backend) claim(ctx context.Context, blank *record, spec backend.Spec) (
 	}
 	if err := applyLimits(st, spec.Resources); err != nil {
 		return fmt.Errorf("claim: limits: %w", err)
+	}
+	if err := foreground(st.InitPid); err != nil {
+		return fmt.Errorf("claim: %w", err)
 	}
 	t1 := time.Now()
 	if err := b.acquire(ctx, rec); err != nil {
@@ -594,17 +665,20 @@ func applyLimits(st containerState, r api.Resources) error {
 			}
 		}
 	}
+	// A blank's cgroup has the lowest weight (blankShares); a cold create
+	// without a CPU request has the kernel's default.
+	shares, weight := int64(defaultShares), int64(defaultWeight)
 	if r.CPU > 0 {
-		shares := int64(max(r.CPU*1024, 2))
-		if dir, ok := st.CgroupPaths["cpu"]; ok {
-			if err := write(dir, "cpu.shares", shares); err != nil {
-				return err
-			}
-		} else if hasV2 {
-			// runc's conversion of shares to a weight.
-			if err := write(v2, "cpu.weight", 1+((shares-2)*9999)/262142); err != nil {
-				return err
-			}
+		shares = int64(max(r.CPU*1024, 2))
+		weight = 1 + ((shares-2)*9999)/262142 // runc's conversion
+	}
+	if dir, ok := st.CgroupPaths["cpu"]; ok {
+		if err := write(dir, "cpu.shares", shares); err != nil {
+			return err
+		}
+	} else if hasV2 {
+		if err := write(v2, "cpu.weight", weight); err != nil {
+			return err
 		}
 	}
 	if r.Pids > 0 {
@@ -619,4 +693,56 @@ func applyLimits(st containerState, r api.Resources) error {
 		}
 	}
 	return nil
+}
+
+// blankShares is a blank sandbox's cpu.shares (the kernel's least);
+// defaultShares and defaultWeight are the kernel's defaults (cgroup v1 and
+// v2), which a cold create without a CPU request keeps.
+const (
+	blankShares   = 2
+	defaultShares = 1024
+	defaultWeight = 100
+)
+
+func ptrTo[T any](v T) *T { return &v }
+
+// foreground gives every thread of process pid (a claimed blank's agent,
+// started under SCHED_IDLE) the normal policy back, as a cold create's
+// agent has; the commands it forks from then on inherit it. Threads the
+// agent starts meanwhile inherit the policy of the thread starting them,
+// so it looks again until a pass finds none left to change.
+func foreground(pid int) error {
+	dir := fmt.Sprintf("/proc/%d/task", pid)
+	for range 100 {
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			return fmt.Errorf("scheduling policy: %w", err)
+		}
+		changed := 0
+		for _, e := range ents {
+			tid, err := strconv.Atoi(e.Name())
+			if err != nil {
+				continue
+			}
+			attr, err := unix.SchedGetAttr(tid, 0)
+			if err != nil {
+				if errors.Is(err, unix.ESRCH) {
+					continue // gone
+				}
+				return fmt.Errorf("scheduling policy of %d: %w", tid, err)
+			}
+			if attr.Policy == unix.SCHED_NORMAL {
+				continue
+			}
+			err = unix.SchedSetAttr(tid, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_NORMAL}, 0)
+			if err != nil && !errors.Is(err, unix.ESRCH) {
+				return fmt.Errorf("scheduling policy of %d: %w", tid, err)
+			}
+			changed++
+		}
+		if changed == 0 {
+			return nil
+		}
+	}
+	return fmt.Errorf("scheduling policy of %d: threads keep appearing", pid)
 }

@@ -65,27 +65,20 @@ func (b *Backend) resetInPlace(ctx context.Context, rec *record, ident *agent.Re
 	defer conn.Close()
 	tDisk := time.Now()
 	next := filepath.Join(dir, "disk.next")
-	b.dropNextDisk(id)
+	img := next + ".img"
 	defer func() {
 		if err != nil {
 			b.dropNextDisk(id)
 		}
 	}()
-	if err := os.Mkdir(next, 0o700); err != nil {
-		return err
-	}
-	img := next + ".img"
-	if err := b.disks.Create(ctx, img, diskMB(rec.Spec)); err != nil {
-		return err
-	}
-	if err := disk.Mount(img, next); err != nil {
-		return err
-	}
-	for _, d := range []string{"upper", "work"} {
-		if err := os.Mkdir(filepath.Join(next, d), 0o755); err != nil {
-			return fmt.Errorf("writable layer: %w", err)
+	// A blank sandbox of the pool comes with its next writable layer
+	// made (startBlank).
+	if prepared := rec.nextDiskMB; prepared == 0 || prepared != diskMB(rec.Spec) {
+		if err := b.prepareNextDisk(ctx, id, diskMB(rec.Spec)); err != nil {
+			return err
 		}
 	}
+	rec.nextDiskMB = 0
 	tRoot := time.Now()
 	// The agent gets the new root as a detached mount; the edge's
 	// namespace never holds a sandbox's root (see startNS). A sandbox
@@ -130,8 +123,11 @@ func (b *Backend) resetInPlace(ctx context.Context, rec *record, ident *agent.Re
 	}
 	os.Remove(next)
 	tWait := time.Now()
-	if err := b.waitAgent(ctx, id, res.Instance); err != nil {
-		return err
+	// An unused agent (a claimed blank) serves on without re-executing.
+	if !res.Kept {
+		if err := b.waitAgent(ctx, id, res.Instance); err != nil {
+			return err
+		}
 	}
 	tUp := time.Now()
 	// The new agent forks its commands from a thread of its own: it needs
@@ -149,7 +145,7 @@ func (b *Backend) resetInPlace(ctx context.Context, rec *record, ident *agent.Re
 	b.recordBaseline(id)
 	b.log.DebugContext(ctx, "reset in place: steps", "sandbox", id, "disk", tRoot.Sub(tDisk), "overlay", tAgent.Sub(tRoot),
 		"agent", tSwap.Sub(tAgent), "agent_reported", time.Duration(res.DurationMs)*time.Millisecond,
-		"killed", res.Killed, "swap", tWait.Sub(tSwap), "agent_up", tUp.Sub(tWait), "cpu_and_baseline", time.Since(tUp))
+		"killed", res.Killed, "kept", res.Kept, "swap", tWait.Sub(tSwap), "agent_up", tUp.Sub(tWait), "cpu_and_baseline", time.Since(tUp))
 	return nil
 }
 
@@ -175,6 +171,30 @@ func (b *Backend) waitAgent(ctx context.Context, id, old string) error {
 
 // dropNextDisk removes a writable layer a reset in place prepared and did
 // not install, and one it moved aside and did not unmount yet.
+// prepareNextDisk makes a sandbox's next writable layer, mounted at
+// disk.next with its upper and work dirs, for a reset in place to switch
+// to.
+func (b *Backend) prepareNextDisk(ctx context.Context, id string, sizeMB int64) error {
+	next := filepath.Join(b.dir(id), "disk.next")
+	b.dropNextDisk(id)
+	if err := os.Mkdir(next, 0o700); err != nil {
+		return err
+	}
+	img := next + ".img"
+	if err := b.disks.Create(ctx, img, sizeMB); err != nil {
+		return err
+	}
+	if err := disk.Mount(img, next); err != nil {
+		return err
+	}
+	for _, d := range []string{"upper", "work"} {
+		if err := os.Mkdir(filepath.Join(next, d), 0o755); err != nil {
+			return fmt.Errorf("writable layer: %w", err)
+		}
+	}
+	return nil
+}
+
 func (b *Backend) dropNextDisk(id string) {
 	old, _ := filepath.Glob(filepath.Join(b.dir(id), "disk.old-*"))
 	for _, p := range append(old, filepath.Join(b.dir(id), "disk.next")) {

@@ -42,13 +42,13 @@ func (r runc) command(ctx context.Context, args ...string) *exec.Cmd {
 // run starts a detached container whose init inherits listener as fd 3 and
 // writes its stdio to log, from a copy of ns with root attached at
 // <bundle>/rootfs.
-func (r runc) run(ctx context.Context, ns *startNS, root int, id, bundle string, listener, log *os.File) error {
+func (r runc) run(ctx context.Context, ns *startNS, root int, id, bundle string, listener, log *os.File, background bool) error {
 	runcLog := bundle + "/runc.log"
 	cmd := r.command(ctx, "--log", runcLog, "--log-format", "json",
 		"run", "--detach", "--preserve-fds", "1", "--bundle", bundle, id)
 	cmd.ExtraFiles = []*os.File{listener}
 	cmd.Stdout, cmd.Stderr = log, log
-	if err := ns.run(cmd, root, filepath.Join(bundle, "rootfs")); err != nil {
+	if err := ns.run(cmd, root, filepath.Join(bundle, "rootfs"), background); err != nil {
 		return fmt.Errorf("runc run %s: %w: %s", id, err, lastRuncError(runcLog))
 	}
 	return nil

@@ -119,9 +119,9 @@ func startNSKeeps(mp string, keep []string) bool {
 // run attaches root (a detached mount; the caller keeps and closes its
 // descriptor) at rootfs in a fresh copy of the namespace and runs cmd
 // there.
-func (s *startNS) run(cmd *exec.Cmd, root int, rootfs string) error {
+func (s *startNS) run(cmd *exec.Cmd, root int, rootfs string, background bool) error {
 	var err error
-	onThrowawayThread(func() { err = s.runLocked(cmd, root, rootfs) })
+	onThrowawayThread(func() { err = s.runLocked(cmd, root, rootfs, background) })
 	return err
 }
 
@@ -147,7 +147,16 @@ func onThrowawayThread(f func()) {
 }
 
 // Preconditions: runs on a thrown-away thread (onThrowawayThread).
-func (s *startNS) runLocked(cmd *exec.Cmd, root int, rootfs string) error {
+//
+// background starts cmd under SCHED_IDLE (it inherits the thread's policy,
+// as do its children): a blank sandbox of the pool is started only with
+// CPU time nothing else on the node wants (see startBlank).
+func (s *startNS) runLocked(cmd *exec.Cmd, root int, rootfs string, background bool) error {
+	if background {
+		if err := unix.SchedSetAttr(0, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_IDLE}, 0); err != nil {
+			return fmt.Errorf("start namespace: SCHED_IDLE: %w", err)
+		}
+	}
 	if err := unix.Unshare(unix.CLONE_FS); err != nil {
 		return fmt.Errorf("start namespace: unshare fs: %w", err)
 	}
