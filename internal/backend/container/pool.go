@@ -158,7 +158,7 @@ const refillQuiet = 300 * time.Millisecond
 // while creates come one after another and the pool still holds a
 // quarter of its target, a refill's `runc run` would only compete with
 // them (for CPU, and for the kernel's mount and cgroup locks, which a
-// start at SCHED_IDLE takes too) — the pool is there to absorb a run of
+// start at a low priority takes too) — the pool is there to absorb a run of
 // creates and refill in the pause after it. Below a quarter it refills at
 // once. Preconditions: p.mu held.
 func (p *pool) holdFor(now time.Time) time.Duration {
@@ -363,9 +363,9 @@ func (b *Backend) startBlank(ctx context.Context) (rec *record, err error) {
 	if err != nil {
 		return nil, err
 	}
-	// Started in the background: runc and everything it starts under
-	// SCHED_IDLE, the container's cgroup at the lowest CPU weight. A
-	// refill so takes only CPU time nothing else on the node wants — on a
+	// Started in the background: runc and everything it starts at nice
+	// backgroundNice, the container's cgroup at the least CPU weight. A
+	// refill so takes mostly CPU time the node's other work leaves — on a
 	// small node it would otherwise compete with the very creates it is
 	// there to speed up, and with their first commands. A claim puts both
 	// back (foreground, applyLimits).
@@ -394,7 +394,7 @@ func (b *Backend) startBlank(ctx context.Context) (rec *record, err error) {
 	size := cmp.Or(b.pool.diskMB, defaultDiskMB)
 	b.pool.mu.Unlock()
 	onThrowawayThread(func() {
-		if err = unix.SchedSetAttr(0, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_IDLE}, 0); err == nil {
+		if err = setNice(0, backgroundNice); err == nil {
 			err = b.prepareNextDisk(ctx, id, size)
 		}
 	})
@@ -706,11 +706,26 @@ const (
 
 func ptrTo[T any](v T) *T { return &v }
 
+// backgroundNice is the nice value blank sandboxes start at (a weight of
+// 110 against the 1024 of nice 0). Not SCHED_IDLE (a weight of 3): on a
+// node whose CPUs are saturated a start would then take minutes, holding
+// the kernel's locks it took meanwhile, and a Close waiting for it.
+const backgroundNice = 10
+
+// setNice gives thread tid (0: the caller) the normal policy at nice.
+func setNice(tid, nice int) error {
+	err := unix.SchedSetAttr(tid, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_NORMAL, Nice: int32(nice)}, 0)
+	if err != nil {
+		return fmt.Errorf("nice %d: %w", nice, err)
+	}
+	return nil
+}
+
 // foreground gives every thread of process pid (a claimed blank's agent,
-// started under SCHED_IDLE) the normal policy back, as a cold create's
-// agent has; the commands it forks from then on inherit it. Threads the
-// agent starts meanwhile inherit the policy of the thread starting them,
-// so it looks again until a pass finds none left to change.
+// started at backgroundNice) the normal policy at nice 0 back, as a cold
+// create's agent has; the commands it forks from then on inherit it.
+// Threads the agent starts meanwhile inherit the thread starting them, so
+// it looks again until a pass finds none left to change.
 func foreground(pid int) error {
 	dir := fmt.Sprintf("/proc/%d/task", pid)
 	for range 100 {
@@ -731,12 +746,11 @@ func foreground(pid int) error {
 				}
 				return fmt.Errorf("scheduling policy of %d: %w", tid, err)
 			}
-			if attr.Policy == unix.SCHED_NORMAL {
+			if attr.Policy == unix.SCHED_NORMAL && attr.Nice == 0 {
 				continue
 			}
-			err = unix.SchedSetAttr(tid, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_NORMAL}, 0)
-			if err != nil && !errors.Is(err, unix.ESRCH) {
-				return fmt.Errorf("scheduling policy of %d: %w", tid, err)
+			if err := setNice(tid, 0); err != nil && !errors.Is(err, unix.ESRCH) {
+				return fmt.Errorf("thread %d: %w", tid, err)
 			}
 			changed++
 		}

@@ -276,26 +276,28 @@ func TestPoolClaimFallsBackCold(t *testing.T) {
 	}
 }
 
-// threadPolicies lists the distinct scheduling policies of process pid's
-// threads.
-func threadPolicies(t *testing.T, pid int) []uint32 {
+// threadPolicies lists the distinct scheduling policies and nice values
+// ("policy/nice") of process pid's threads.
+func threadPolicies(t *testing.T, pid int) []string {
 	t.Helper()
 	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out []uint32
+	var out []string
 	for _, e := range ents {
 		tid, _ := strconv.Atoi(e.Name())
-		if attr, err := unix.SchedGetAttr(tid, 0); err == nil && !slices.Contains(out, attr.Policy) {
-			out = append(out, attr.Policy)
+		if attr, err := unix.SchedGetAttr(tid, 0); err == nil {
+			if p := fmt.Sprintf("%d/%d", attr.Policy, attr.Nice); !slices.Contains(out, p) {
+				out = append(out, p)
+			}
 		}
 	}
 	slices.Sort(out)
 	return out
 }
 
-// TestPoolBlankInBackground: a blank sandbox runs under SCHED_IDLE at the
+// TestPoolBlankInBackground: a blank sandbox runs at backgroundNice at the
 // least CPU weight; the claim gives its agent the normal policy and the
 // cgroup the weight of a create that asked for no CPU (the kernel's
 // default), so commands run as in a cold sandbox; and the claimed agent,
@@ -314,8 +316,8 @@ func TestPoolBlankInBackground(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := threadPolicies(t, st.InitPid); !slices.Equal(got, []uint32{unix.SCHED_IDLE}) {
-		t.Errorf("blank's agent: policies %v, want SCHED_IDLE only", got)
+	if got, want := threadPolicies(t, st.InitPid), []string{fmt.Sprintf("%d/%d", unix.SCHED_NORMAL, backgroundNice)}; !slices.Equal(got, want) {
+		t.Errorf("blank's agent: policy/nice %v, want %v", got, want)
 	}
 	shares := func(st containerState) string {
 		dir, ok := st.CgroupPaths["cpu"]
@@ -358,14 +360,14 @@ func TestPoolBlankInBackground(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := threadPolicies(t, st.InitPid); !slices.Equal(got, []uint32{unix.SCHED_NORMAL}) {
-		t.Errorf("claimed agent: policies %v, want SCHED_NORMAL only", got)
+	if got, want := threadPolicies(t, st.InitPid), []string{fmt.Sprintf("%d/0", unix.SCHED_NORMAL)}; !slices.Equal(got, want) {
+		t.Errorf("claimed agent: policy/nice %v, want %v", got, want)
 	}
 	if got := shares(st); got != "1024" && got != "(no cpu cgroup v1)" {
 		t.Errorf("claimed cpu.shares %s, want the default 1024", got)
 	}
-	if out := shell(t, b, spec.ID, "grep -E '^policy' /proc/self/sched"); !strings.HasSuffix(strings.Join(strings.Fields(out), " "), ": 0") {
-		t.Errorf("a command's scheduling: %q, want policy 0 (SCHED_NORMAL)", out)
+	if out := shell(t, b, spec.ID, "grep -E '^policy' /proc/self/sched; cut -d' ' -f19 /proc/self/stat"); strings.Join(strings.Fields(out), " ") != "policy : 0 0" {
+		t.Errorf("a command's scheduling: %q, want policy 0 (SCHED_NORMAL), nice 0", out)
 	}
 	// Used now (an exec): a reset re-executes it.
 	if err := b.Reset(ctx, spec.ID); err != nil {

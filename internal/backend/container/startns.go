@@ -148,13 +148,13 @@ func onThrowawayThread(f func()) {
 
 // Preconditions: runs on a thrown-away thread (onThrowawayThread).
 //
-// background starts cmd under SCHED_IDLE (it inherits the thread's policy,
-// as do its children): a blank sandbox of the pool is started only with
-// CPU time nothing else on the node wants (see startBlank).
+// background starts cmd at nice backgroundNice (it inherits the thread's,
+// as do its children): a blank sandbox of the pool is started with the
+// CPU time the node's other work leaves (see startBlank).
 func (s *startNS) runLocked(cmd *exec.Cmd, root int, rootfs string, background bool) error {
 	if background {
-		if err := unix.SchedSetAttr(0, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_IDLE}, 0); err != nil {
-			return fmt.Errorf("start namespace: SCHED_IDLE: %w", err)
+		if err := setNice(0, backgroundNice); err != nil {
+			return fmt.Errorf("start namespace: %w", err)
 		}
 	}
 	if err := unix.Unshare(unix.CLONE_FS); err != nil {
