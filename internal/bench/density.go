@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"path/filepath"
 	"slices"
 	"sync"
 	"time"
@@ -46,7 +47,18 @@ type densityRow struct {
 	failed           int
 	first, warm      stats
 	hostKBPerSandbox float64
-	agentPSSKB       int64
+	// kernelKBPerSandbox is the growth of the host's unreclaimable kernel
+	// memory (SUnreclaim, KernelStack, PageTables, Percpu) per sandbox:
+	// less noisy than MemAvailable on a machine that does other work.
+	kernelKBPerSandbox float64
+	// memcgKB is the mean charge of a sandbox's memory cgroup (its
+	// processes' memory, their page cache and the kernel memory made
+	// for them: what counts against memory_mb).
+	memcgKB    int64
+	agentPSSKB int64
+	// containers counts the node's sandbox containers: the live ones and
+	// the blanks of its pool (the sandboxes' cgroups).
+	containers       int
 	hostMounts       int // the host's mount table (pid 1's namespace)
 	nodeMounts       int // the edge's mounts under its data directory, in its namespace
 	serverKB, edgeKB int64
@@ -112,13 +124,18 @@ func Density(ctx context.Context, cfg DensityConfig) (err error) {
 	if err != nil {
 		return err
 	}
+	kernel0 := kernelKB()
+	var cgroupParent string // of the node's sandboxes, found at the first step
 
 	var rows []densityRow
 	header := func() {
-		fmt.Fprintf(w, "%6s %9s %19s %17s %9s %9s %8s %8s %9s %9s %17s\n",
-			"live", "batch/s", "create→exec p50/99", "warm exec p50/99", "host/sbx", "agent PSS",
+		fmt.Fprintf(w, "%6s %9s %19s %17s %9s %9s %9s %9s %8s %8s %9s %9s %17s\n",
+			"live", "batch/s", "create→exec p50/99", "warm exec p50/99", "host/sbx", "kern/sbx", "memcg", "agent PSS",
 			"host mnt", "node mnt", "server", "edge", "runc run p50/99")
 	}
+	fmt.Fprintf(w, "host/sbx: fall of MemAvailable per live sandbox (the whole machine's); kern/sbx: rise of unreclaimable kernel\n"+
+		"memory (SUnreclaim+KernelStack+PageTables+Percpu) per live sandbox; memcg: a sandbox's memory cgroup charge\n"+
+		"(its processes and the kernel memory made for them), mean of up to 8; agent PSS: the same sandboxes' processes\n\n")
 	header()
 	for len(live) < max {
 		n := min(cfg.Step, max-len(live))
@@ -160,6 +177,17 @@ func Density(ctx context.Context, cfg DensityConfig) (err error) {
 		}
 		if avail, err := memAvailableKB(); err == nil {
 			row.hostKBPerSandbox = float64(avail0-avail) / float64(len(live))
+		}
+		row.kernelKBPerSandbox = float64(kernelKB()-kernel0) / float64(len(live))
+		if cgroupParent == "" {
+			for _, pids := range sandboxProcs(map[string]bool{live[0]: true}) {
+				if d := memcgDir(pids[0]); d != "" {
+					cgroupParent = filepath.Dir(d)
+				}
+			}
+		}
+		if cgroupParent != "" {
+			row.containers = subdirs(cgroupParent)
 		}
 		row.hostMounts, row.nodeMounts = mountCount(1), mountsUnder(edgePid, dataDir)
 		row.serverKB = rssKB(serverPid)
@@ -247,16 +275,25 @@ func densityMeasure(ctx context.Context, cfg DensityConfig, spec *api.CreateSand
 	for range min(8, len(live)) {
 		sample[live[rand.IntN(len(live))]] = true
 	}
-	var pss, k int64
+	var pss, memcg, k, kcg int64
 	for _, pids := range sandboxProcs(sample) {
 		for _, pid := range pids {
 			p, _ := processMemKB(pid)
 			pss += p
 		}
 		k++
+		if len(pids) > 0 {
+			if c := memcgKB(memcgDir(pids[0])); c > 0 {
+				memcg += c
+				kcg++
+			}
+		}
 	}
 	if k > 0 {
 		row.agentPSSKB = pss / k
+	}
+	if kcg > 0 {
+		row.memcgKB = memcg / kcg
 	}
 	return nil
 }
@@ -271,8 +308,9 @@ func printDensityRow(w io.Writer, r densityRow, oneProcess bool) {
 	if oneProcess {
 		edge = "(same)"
 	}
-	fmt.Fprintf(w, "%6d %9.1f %19s %17s %9s %9s %8d %8d %9s %9s %17s\n",
-		r.live, r.batchRate, pair(r.first), pair(r.warm), mb(int64(r.hostKBPerSandbox*1024)), mb(r.agentPSSKB<<10),
+	fmt.Fprintf(w, "%6d %9.1f %19s %17s %9s %9s %9s %9s %8d %8d %9s %9s %17s\n",
+		r.live, r.batchRate, pair(r.first), pair(r.warm), mibs(int64(r.hostKBPerSandbox*1024)), mibs(int64(r.kernelKBPerSandbox*1024)),
+		mibs(r.memcgKB<<10), mibs(r.agentPSSKB<<10),
 		r.hostMounts, r.nodeMounts, mb(r.serverKB<<10), edge, runc)
 }
 
@@ -290,6 +328,14 @@ func densitySummary(w io.Writer, rows []densityRow) {
 	fmt.Fprintf(w, "  batch create rate:          %.2f×\n", last.batchRate/first.batchRate)
 	fmt.Fprintf(w, "  create→first exec p50:      %s\n", ratio(last.first.p50, first.first.p50))
 	fmt.Fprintf(w, "  warm exec p50:              %s\n", ratio(last.warm.p50, first.warm.p50))
+	if last.containers > last.live {
+		// The pool's blanks are in the host's figures; say what each
+		// container costs as well as each live sandbox (the few blanks
+		// there before the first step make it a little low).
+		f := float64(last.live) / float64(last.containers)
+		fmt.Fprintf(w, "  at %d live the node also holds %d blanks of its pool: %s host and %s kernel per container\n",
+			last.live, last.containers-last.live, mibs(int64(last.hostKBPerSandbox*f*1024)), mibs(int64(last.kernelKBPerSandbox*f*1024)))
+	}
 	if first.runcMeasured && last.runcMeasured {
 		fmt.Fprintf(w, "  bare runc run p50:          %s\n", ratio(last.runc.p50, first.runc.p50))
 		fmt.Fprintf(w, "create→first exec p50 / bare runc run p50: %s at %d live, %s at %d live\n",
@@ -339,3 +385,6 @@ func edgeNS(serverPid, edgePid int) string {
 	}
 	return proc + ", own mount namespace"
 }
+
+// mibs is a size in MiB (the unit of memory_mb), to two places.
+func mibs(n int64) string { return fmt.Sprintf("%.2f MiB", float64(n)/(1<<20)) }

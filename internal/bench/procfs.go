@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -83,6 +84,57 @@ func rssKB(pid int) int64 {
 		}
 	}
 	return 0
+}
+
+// memcgDir is the directory of pid's memory cgroup, "" if unknown.
+func memcgDir(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		// hierarchy-id:controllers:path
+		f := strings.SplitN(line, ":", 3)
+		if len(f) != 3 {
+			continue
+		}
+		switch {
+		case f[0] == "0" && f[1] == "":
+			return filepath.Join("/sys/fs/cgroup", f[2])
+		case slices.Contains(strings.Split(f[1], ","), "memory"):
+			return filepath.Join("/sys/fs/cgroup/memory", f[2])
+		}
+	}
+	return ""
+}
+
+// memcgKB is what the memory cgroup at dir is charged:
+// memory.usage_in_bytes on cgroup v1 (which counts kernel memory too),
+// memory.current on v2. 0 if it cannot be read.
+func memcgKB(dir string) int64 {
+	for _, f := range []string{"memory.usage_in_bytes", "memory.current"} {
+		if v, err := os.ReadFile(filepath.Join(dir, f)); err == nil {
+			n, _ := strconv.ParseInt(strings.TrimSpace(string(v)), 10, 64)
+			return n >> 10
+		}
+	}
+	return 0
+}
+
+// subdirs counts the directories in dir: the sandboxes' cgroups under
+// the node's cgroup parent, blank ones of the pool included.
+func subdirs(dir string) int {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return 0
+	}
+	n := 0
+	for _, e := range entries {
+		if e.IsDir() {
+			n++
+		}
+	}
+	return n
 }
 
 // sandboxProcs maps each of ids that has processes on this host to them,
@@ -296,4 +348,28 @@ func leftovers(ids map[string]bool, edgePid int, dataDir string) []string {
 		}
 	}
 	return out
+}
+
+// kernelKB is the host's kernel memory that is not reclaimable (slab that
+// cannot be shrunk, kernel stacks, page tables, per-cpu data).
+func kernelKB() int64 {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	var sum int64
+	for _, line := range strings.Split(string(b), "\n") {
+		name, rest, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		switch name {
+		case "SUnreclaim", "KernelStack", "PageTables", "Percpu":
+			if f := strings.Fields(rest); len(f) > 0 {
+				v, _ := strconv.ParseInt(f[0], 10, 64)
+				sum += v
+			}
+		}
+	}
+	return sum
 }

@@ -50,6 +50,14 @@ const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bi
 // bound read-only at /.dsec.
 func ociSpec(sb backend.Spec, ids idmap.Range, rootfs, cgroupsPath, runtime string, args []string) (*specs.Spec, error) {
 	envList := sandboxEnv(sb)
+	if _, set := sb.Env["GOMAXPROCS"]; !set {
+		// For the agent alone (it unsets it at once): one P from its
+		// first instruction keeps an idle agent smaller (see
+		// cmd/dsec-agent). A GOMAXPROCS of the sandbox's own is left to
+		// the agent and its commands, as before.
+		envList = append(envList, "GOMAXPROCS=1")
+		args = append(slices.Clip(args), "--own-gomaxprocs")
+	}
 	s := &specs.Spec{
 		Version:  ociVersion,
 		Hostname: sb.ID,
