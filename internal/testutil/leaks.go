@@ -91,8 +91,16 @@ func WithoutBlanks(leaks []string, containerDir string) []string {
 	var out []string
 	for _, l := range leaks {
 		f := strings.Fields(l)
-		id := filepath.Base(f[len(f)-1])
-		if strings.HasPrefix(id, BlankPrefix) {
+		// The id, or a path through its directory (a blank's writable
+		// layer made ahead is mounted at …/pool-…/disk.next).
+		id := ""
+		for _, el := range strings.Split(f[len(f)-1], "/") {
+			if strings.HasPrefix(el, BlankPrefix) {
+				id = el
+				break
+			}
+		}
+		if id != "" {
 			if st, err := os.Stat(filepath.Join(containerDir, "sandboxes", id)); err == nil && st.IsDir() {
 				continue
 			}
