@@ -147,6 +147,9 @@ func New(cfg Config) (*Server, error) {
 		unix.Close(root)
 		return nil, err
 	}
+	// Commands' shared stdin, open from the start like the agent's other
+	// descriptors (a failure shows again at the first command).
+	_, _ = devNull()
 	if s.reaper, err = newReaper(); err != nil {
 		unix.Close(root)
 		return nil, err
