@@ -68,6 +68,9 @@ func (t *inlineTransport) send(req *http.Request, body []byte) (*http.Response, 
 	}
 	var head bytes.Buffer
 	out := req.Clone(ctx)
+	// The body goes with the header: no 100 Continue to wait for (a curl
+	// caller's Expect reaches here through the proxies).
+	out.Header.Del("Expect")
 	out.Body, out.ContentLength = nil, 0
 	if len(body) > 0 {
 		out.Body, out.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
@@ -87,7 +90,7 @@ func (t *inlineTransport) send(req *http.Request, body []byte) (*http.Response, 
 		}
 		return nil, t.failed(ctx, err)
 	}
-	resp, err := http.ReadResponse(c.br, out)
+	resp, err := readResponse(c.br, out)
 	if err != nil {
 		stop()
 		c.Close()
@@ -96,6 +99,17 @@ func (t *inlineTransport) send(req *http.Request, body []byte) (*http.Response, 
 	resp.Request = req
 	resp.Body = &inlineBody{t: t, c: c, rc: resp.Body, stop: stop, keepConn: !resp.Close && !req.Close, eof: resp.Body == http.NoBody}
 	return resp, nil
+}
+
+// readResponse reads the final answer, skipping informational ones
+// (1xx, as http.Transport does; an exec is never upgraded).
+func readResponse(br *bufio.Reader, req *http.Request) (*http.Response, error) {
+	for {
+		resp, err := http.ReadResponse(br, req)
+		if err != nil || resp.StatusCode < 100 || resp.StatusCode > 199 {
+			return resp, err
+		}
+	}
 }
 
 // readBody reads a request's body, of declared length, whole.

@@ -80,11 +80,24 @@ func TestInlineExecsKeepOneConnection(t *testing.T) {
 	if err != nil || res.ExitCode != 3 || out != "a" {
 		t.Fatalf("stream: %+v %q, %v", res, out, err)
 	}
+	// A caller's Expect: 100-continue (curl's, passed on by the proxies)
+	// does not make the agent's 100 Continue pass for the answer.
+	hreq, _ := http.NewRequestWithContext(ctx, http.MethodPost, "/exec", strings.NewReader(`{"cmd":["a","b"]}`))
+	hreq.Header.Set("Expect", "100-continue")
+	resp, err := c.Do(hreq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusOK || !strings.Contains(string(b), `"stdout":"a b"`) {
+		t.Fatalf("exec with Expect: %d %s, %v", resp.StatusCode, b, err)
+	}
 	if _, err := c.Exec(ctx, &api.ExecRequest{}); err == nil || !strings.Contains(err.Error(), "cmd is required") {
 		t.Fatalf("a refused exec: %v", err)
 	}
 	if n, d := conns.Load(), c.inline.dials; n != 1 || d != 1 {
-		t.Fatalf("51 execs and a refusal opened %d connections (%d dials), want 1", n, d)
+		t.Fatalf("52 execs and a refusal opened %d connections (%d dials), want 1", n, d)
 	}
 	if _, err := c.Health(ctx); err != nil {
 		t.Fatal(err)
