@@ -27,9 +27,10 @@ const agentHost = "dsec-agent"
 // Client is the edge's side of the agent API. Errors the agent answers
 // with come back in their errdefs class.
 type Client struct {
-	tr *http.Transport
-	rt http.RoundTripper // tr, sending the request id (package reqid)
-	hc *http.Client
+	tr     *http.Transport
+	inline *inlineTransport  // execs; the rest go to tr
+	rt     http.RoundTripper // inline, sending the request id (package reqid)
+	hc     *http.Client
 }
 
 // NewClient returns a client whose connections come from dial (a unix
@@ -41,8 +42,9 @@ func NewClient(dial func(ctx context.Context) (net.Conn, error)) *Client {
 		IdleConnTimeout:     90 * time.Second,
 		DisableCompression:  true,
 	}
-	rt := reqid.Transport(tr)
-	return &Client{tr: tr, rt: rt, hc: &http.Client{Transport: rt}}
+	inline := &inlineTransport{dial: dial, next: tr}
+	rt := reqid.Transport(inline)
+	return &Client{tr: tr, inline: inline, rt: rt, hc: &http.Client{Transport: rt}}
 }
 
 // Transport is the client's round tripper, for proxying arbitrary agent
@@ -50,7 +52,10 @@ func NewClient(dial func(ctx context.Context) (net.Conn, error)) *Client {
 func (c *Client) Transport() http.RoundTripper { return c.rt }
 
 // Close drops idle connections.
-func (c *Client) Close() { c.tr.CloseIdleConnections() }
+func (c *Client) Close() {
+	c.tr.CloseIdleConnections()
+	c.inline.closeIdle()
+}
 
 // Do sends req to the agent; a URL without a host (a bare path) is fine.
 // Like http.Client.Do it leaves the status to the caller.

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/dsec-project/dsec/internal/testutil"
 )
 
@@ -54,9 +56,9 @@ func TestDrainKeepsTheLeadersOutput(t *testing.T) {
 	go c.pump(0, pipes.stdout, out)
 	go c.pump(1, pipes.stderr, &errOut)
 
-	pipes.child[1].Write([]byte("first\n"))
+	unix.Write(pipes.child[1], []byte("first\n"))
 	<-out.began // the pump holds "first" and is late to read again
-	pipes.child[1].Write([]byte("second\n"))
+	unix.Write(pipes.child[1], []byte("second\n"))
 	// The leader exits here; the write ends stay open, as a background
 	// child of the leader would keep them.
 	c.drain()
@@ -82,7 +84,7 @@ func TestDrainKeepsTheLeadersOutput(t *testing.T) {
 					return
 				default:
 				}
-				if _, err := pipes.child[1].Write(chunk); err != nil {
+				if _, err := unix.Write(pipes.child[1], chunk); err != nil {
 					return
 				}
 			}
@@ -95,7 +97,7 @@ func TestDrainKeepsTheLeadersOutput(t *testing.T) {
 		testutil.EventuallyTrue(t, 10*time.Second, "the pump reading the endless writer", func() bool { return c.read[0].Load() > 0 })
 		c.drain() // returns: what was owed at the exit is bounded
 		close(stop)
-		pipes.closeChild() // unblocks a write into the full pipe
-		wg.Wait()
+		wg.Wait() // drain closed the read end: a write into the full pipe fails
+		pipes.closeChild()
 	})
 }

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -407,5 +409,24 @@ func TestExecStreamCap(t *testing.T) {
 	}
 	if res.ExitCode != 0 || !res.Truncated || res.StdoutDropped != int64(len(full)-1000) {
 		t.Errorf("exit %+v, want truncated with %d dropped", res, len(full)-1000)
+	}
+}
+
+// TestExecAnswerHasItsLength: a buffered exec's result, however large,
+// is sent with its Content-Length (not chunked), so that the edge's proxy
+// passes it on in one write.
+func TestExecAnswerHasItsLength(t *testing.T) {
+	a := startAgent(t)
+	for _, n := range []int{0, 10 << 10} {
+		in, _ := json.Marshal(api.ExecRequest{Shell: fmt.Sprintf("head -c %d /dev/zero | tr '\\0' x", n)})
+		resp, body := a.do("POST", "/exec", bytes.NewReader(in))
+		wantStatus(t, resp, body, http.StatusOK)
+		if resp.ContentLength != int64(len(body)) || len(resp.TransferEncoding) > 0 {
+			t.Errorf("%d bytes of output: Content-Length %d, transfer encoding %v, body of %d bytes", n, resp.ContentLength, resp.TransferEncoding, len(body))
+		}
+		var res api.ExecResult
+		if err := json.Unmarshal(body, &res); err != nil || len(res.Stdout) != n || res.ExitCode != 0 {
+			t.Errorf("%d bytes of output: %d bytes, exit %d, %v", n, len(res.Stdout), res.ExitCode, err)
+		}
 	}
 }

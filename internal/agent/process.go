@@ -85,10 +85,19 @@ type execSpec struct {
 
 // stdio are the pipes of a command: the child's ends and ours.
 type stdio struct {
-	child          [3]*os.File // stdin, stdout, stderr as the child gets them
-	stdin          *os.File    // write end of the child's stdin, or nil
-	stdout, stderr *os.File    // read ends; stderr is nil on a terminal
-	pty            *os.File    // a terminal's master side (also stdout), or nil
+	// child are the descriptors the child gets as stdin, stdout and
+	// stderr. They are plain descriptors, never in Go's poller: the child
+	// needs them blocking, and registering them only to take them out
+	// again cost the agent a dozen system calls per command.
+	child [3]int
+	// owned are the child's ends the agent closes once the child has them
+	// (a shared /dev/null is not among them).
+	owned []int
+	// childFile is a terminal's slave side (all of child), or nil.
+	childFile      *os.File
+	stdin          *os.File // write end of the child's stdin, or nil
+	stdout, stderr *os.File // read ends; stderr is nil on a terminal
+	pty            *os.File // a terminal's master side (also stdout), or nil
 }
 
 func openStdio(withStdin bool) (_ *stdio, err error) {
@@ -100,26 +109,56 @@ func openStdio(withStdin bool) (_ *stdio, err error) {
 		}
 	}()
 	if withStdin {
-		if s.child[0], s.stdin, err = os.Pipe(); err != nil {
+		if s.child[0], s.stdin, err = s.pipe(false); err != nil {
 			return nil, fmt.Errorf("stdin pipe: %w", err)
 		}
-	} else if s.child[0], err = os.Open(os.DevNull); err != nil {
+	} else if s.child[0], err = devNull(); err != nil {
 		return nil, fmt.Errorf("open stdin: %w", err)
 	}
-	if s.stdout, s.child[1], err = os.Pipe(); err != nil {
+	if s.child[1], s.stdout, err = s.pipe(true); err != nil {
 		return nil, fmt.Errorf("stdout pipe: %w", err)
 	}
-	if s.stderr, s.child[2], err = os.Pipe(); err != nil {
+	if s.child[2], s.stderr, err = s.pipe(true); err != nil {
 		return nil, fmt.Errorf("stderr pipe: %w", err)
 	}
 	return s, nil
 }
 
+// pipe makes a pipe whose child end is a plain blocking descriptor, kept
+// in owned, and whose end for the agent (the read end if parentReads) is
+// non-blocking, in Go's poller, so that read deadlines work on it.
+func (s *stdio) pipe(parentReads bool) (int, *os.File, error) {
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		return -1, nil, err
+	}
+	child, ours := p[0], p[1]
+	if parentReads {
+		child, ours = p[1], p[0]
+	}
+	if err := unix.SetNonblock(ours, true); err != nil {
+		unix.Close(child)
+		unix.Close(ours)
+		return -1, nil, err
+	}
+	s.owned = append(s.owned, child)
+	return child, os.NewFile(uintptr(ours), "|"), nil
+}
+
+// devNull is a descriptor of /dev/null every command without stdin
+// shares, opened once: reading it gives end of file whatever a command
+// does to it.
+var devNull = sync.OnceValues(func() (int, error) {
+	return unix.Open(os.DevNull, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+})
+
 func (s *stdio) closeChild() {
-	for _, f := range s.child {
-		if f != nil {
-			f.Close()
-		}
+	for _, fd := range s.owned {
+		unix.Close(fd)
+	}
+	s.owned = nil
+	if s.childFile != nil {
+		s.childFile.Close()
 	}
 }
 
@@ -164,9 +203,9 @@ func (s *Server) start(spec *execSpec, stdout, stderr io.Writer) (*command, erro
 	attr := &syscall.ProcAttr{
 		Dir: spec.dir,
 		Env: spec.env,
-		// Fd puts the child's ends in blocking mode; ours stay in the poller
-		// so that read deadlines work on them.
-		Files: []uintptr{pipes.child[0].Fd(), pipes.child[1].Fd(), pipes.child[2].Fd()},
+		// The child's ends are blocking; ours are in the poller so that
+		// read deadlines work on them.
+		Files: []uintptr{uintptr(pipes.child[0]), uintptr(pipes.child[1]), uintptr(pipes.child[2])},
 		Sys:   &syscall.SysProcAttr{Setpgid: true},
 	}
 	if pipes.pty != nil {

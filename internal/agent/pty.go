@@ -56,7 +56,8 @@ func openTerminal(size *api.TTYSize) (_ *stdio, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("open pseudo-terminal: %w", err)
 	}
-	return &stdio{child: [3]*os.File{slave, slave, slave}, stdout: master, pty: master}, nil
+	fd := int(slave.Fd()) // blocking, as the child needs it
+	return &stdio{child: [3]int{fd, fd, fd}, childFile: slave, stdout: master, pty: master}, nil
 }
 
 // control runs fn on f's descriptor without taking f out of the poller.

@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -151,6 +152,9 @@ func New(cfg Config) (*Server, error) {
 		unix.Close(root)
 		return nil, err
 	}
+	// Commands' shared stdin, open from the start like the agent's other
+	// descriptors (a failure shows again at the first command).
+	_, _ = devNull()
 	if s.reaper, err = newReaper(); err != nil {
 		unix.Close(root)
 		return nil, err
@@ -287,10 +291,20 @@ func logger(r *http.Request) *slog.Logger {
 	return slog.New(slog.DiscardHandler) // not reached: routes sets it
 }
 
+// writeJSON answers with v and its length: an answer of known length goes
+// through the edge's proxy in one write (a chunked one, as an exec result
+// over 2 KB would be, is flushed piece by piece).
 func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status = http.StatusInternalServerError
+		b, _ = json.Marshal(&api.ErrorResponse{Error: &api.Error{Code: api.CodeInternal, Message: "encode answer: " + err.Error()}})
+	}
+	b = append(b, '\n')
 	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v) // the client is gone
+	_, _ = w.Write(b) // the client is gone
 }
 
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {

@@ -13,6 +13,11 @@ import (
 func TestStdinOpen(t *testing.T) {
 	testutil.Require(t, testutil.Tool("cat"))
 	a := startAgent(t)
+	// The client keeps a connection for execs besides the one for other
+	// calls: open both before counting.
+	if _, err := a.Exec(t.Context(), &api.ExecRequest{Cmd: []string{"true"}}); err != nil {
+		t.Fatal(err)
+	}
 	fds, _, _ := a.state(t)
 
 	t.Run("pipe: written bytes reach cat, close ends it", func(t *testing.T) {

@@ -63,7 +63,7 @@ func NewClientTransport(base, token string, rt http.RoundTripper) (*Client, erro
 	c := &Client{base: strings.TrimSuffix(base, "/"), token: token, hc: &http.Client{Transport: tr}}
 	c.proxy = &httputil.ReverseProxy{
 		Transport:     tr,
-		FlushInterval: -1,
+		FlushInterval: agentFlush,
 		Rewrite:       func(*httputil.ProxyRequest) {}, // set per request in ProxyAgent
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			httpapi.WriteJSON(w, http.StatusServiceUnavailable, api.ErrorResponse{Error: &api.Error{

@@ -144,6 +144,15 @@ func (e *Edge) withRequest(h http.Handler) http.Handler {
 	})
 }
 
+// agentFlush is how proxies to an agent flush: 0, not -1. An answer of
+// unknown length (an NDJSON exec stream, a chunked download) is flushed
+// as it comes whatever FlushInterval says (ReverseProxy flushes those at
+// once). One of known length (a buffered exec's result, which the agent
+// sends whole) is written as it is copied, in one write: with -1,
+// ReverseProxy flushes its header at once, from a timer goroutine, and
+// the body after, so the caller woke twice for every exec.
+const agentFlush = 0
+
 // proxyAgent forwards a request to the sandbox's agent, streaming both
 // ways: exec (JSON or NDJSON), files and background processes.
 func (e *Edge) proxyAgent(w http.ResponseWriter, r *http.Request) {
@@ -162,7 +171,7 @@ func (e *Edge) proxyAgent(w http.ResponseWriter, r *http.Request) {
 			pr.Out.Host = "agent"
 		},
 		Transport:     ag.Transport(),
-		FlushInterval: -1,
+		FlushInterval: agentFlush,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			httpapi.WriteJSON(w, http.StatusServiceUnavailable, api.ErrorResponse{Error: &api.Error{
 				Code: api.CodeUnavailable, Message: "sandbox agent unreachable: " + err.Error(),

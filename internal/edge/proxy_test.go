@@ -309,3 +309,50 @@ func TestProxyAgentInProcess(t *testing.T) {
 		t.Errorf("answer's request id %q, want call-1", resp.Header.Get(reqid.Header))
 	}
 }
+
+// TestProxyFlushesOnlyStreams: an agent's answer of known length (a
+// buffered exec's result) is copied without a flush, so the caller gets
+// it in one write with its header; one of unknown length (an NDJSON
+// stream) is flushed as it comes.
+func TestProxyFlushesOnlyStreams(t *testing.T) {
+	const result = `{"exit_code":0,"stdout":"ok\n"}` + "\n"
+	agent := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		if r.URL.Query().Get("stream") != "" {
+			w.Header().Set("Content-Type", "application/x-ndjson")
+			fmt.Fprintln(w, `{"stdout":"a"}`)
+			http.NewResponseController(w).Flush()
+			fmt.Fprintln(w, `{"exit":{}}`)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", fmt.Sprint(len(result)))
+		io.WriteString(w, result)
+	}))
+	defer agent.Close()
+	c, err := edge.NewClient(agent.URL, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		query      string
+		wantFlush  bool
+		wantLength bool
+	}{{"", false, true}, {"stream=1", true, false}} {
+		req := httptest.NewRequest(http.MethodPost, "/v1/sandboxes/sb-1/exec?"+tc.query, strings.NewReader(`{"cmd":["true"]}`))
+		rec := httptest.NewRecorder()
+		c.ProxyAgent(rec, req, "sb-1", "/exec")
+		if rec.Code != http.StatusOK {
+			t.Fatalf("%q: status %d %s", tc.query, rec.Code, rec.Body)
+		}
+		if rec.Flushed != tc.wantFlush {
+			t.Errorf("%q: flushed %v, want %v", tc.query, rec.Flushed, tc.wantFlush)
+		}
+		if got := rec.Header().Get("Content-Length") != ""; got != tc.wantLength {
+			t.Errorf("%q: Content-Length %q passed on: %v, want %v", tc.query, rec.Header().Get("Content-Length"), got, tc.wantLength)
+		}
+		if !tc.wantFlush && rec.Body.String() != result {
+			t.Errorf("%q: body %q", tc.query, rec.Body)
+		}
+	}
+}
