@@ -136,6 +136,11 @@ func (s *Server) handleReset(w http.ResponseWriter, r *http.Request) {
 		}()
 		err := <-switched
 		unix.Close(root)
+		if err == nil {
+			// What a new agent would open at start: the root every file
+			// request resolves beneath is the new one.
+			err = s.reopenRoot()
+		}
 		if err != nil {
 			s.writeError(w, r, fmt.Errorf("reset: %w", err))
 			return
@@ -147,6 +152,10 @@ func (s *Server) handleReset(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		s.reaper.hold(false)
+		// And what it would start: the new root's layers' services.
+		if _, err := s.Autostart(AutostartDir); err != nil {
+			log.WarnContext(r.Context(), "autostart", "err", err)
+		}
 		log.InfoContext(r.Context(), "reset; the unused agent serves on", "killed", killed, "duration", time.Since(t0))
 		writeJSON(w, http.StatusOK, &ResetResult{Killed: killed, DurationMs: time.Since(t0).Milliseconds(), Instance: instance, Kept: true})
 		return
@@ -332,4 +341,18 @@ func closeFDs(fds []int) {
 	for _, fd := range fds {
 		unix.Close(fd)
 	}
+}
+
+// reopenRoot points the agent's root (beneath which every file request
+// resolves) at the current "/": after a root switch that kept the
+// process, the descriptor opened at start still holds the old one.
+func (s *Server) reopenRoot() error {
+	root, err := unix.Open(s.cfg.Root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open root %s: %w", s.cfg.Root, err)
+	}
+	old := s.root
+	s.root = root
+	unix.Close(old)
+	return nil
 }

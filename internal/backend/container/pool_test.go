@@ -3,7 +3,9 @@ package container
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -355,6 +357,26 @@ func TestPoolBlankInBackground(t *testing.T) {
 	}
 	if got := instance(spec.ID); got != before {
 		t.Errorf("the unused agent was replaced at the claim: instance %s, was %s", got, before)
+	}
+	// The kept agent's file requests resolve beneath the new root (not
+	// the blank's read-only one).
+	ag := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return b.Dial(ctx, spec.ID) })
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, "http://agent/files?path=/w/put", strings.NewReader("put\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := ag.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	ag.Close()
+	if resp.StatusCode/100 != 2 {
+		t.Fatalf("PUT /files in the claimed sandbox: %s: %s", resp.Status, msg)
+	}
+	if out := shell(t, b, spec.ID, "cat /w/put"); out != "put\n" {
+		t.Errorf("the file the agent wrote: %q", out)
 	}
 	st, err = b.runc.readState(spec.ID)
 	if err != nil {
