@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -12,10 +13,14 @@ import (
 	"time"
 
 	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/testutil"
 )
 
 // fakeAgent serves h on a unix socket, closing connections idle for
 // idle (if not 0), and counts the connections it accepted.
+// closedConns counts the connections fake agents closed.
+var closedConns atomic.Int64
+
 func fakeAgent(t *testing.T, idle time.Duration, h http.HandlerFunc) (*Client, *atomic.Int64) {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "a.sock")
@@ -25,8 +30,11 @@ func fakeAgent(t *testing.T, idle time.Duration, h http.HandlerFunc) (*Client, *
 	}
 	var conns atomic.Int64
 	srv := &http.Server{Handler: h, IdleTimeout: idle, ConnState: func(_ net.Conn, s http.ConnState) {
-		if s == http.StateNew {
+		switch s {
+		case http.StateNew:
 			conns.Add(1)
+		case http.StateClosed:
+			closedConns.Add(1)
 		}
 	}}
 	go srv.Serve(l)
@@ -118,10 +126,17 @@ func TestInlineExecAfterTheAgentClosedTheConnection(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for i := range 5 {
+		closed := closedConns.Load()
 		if _, err := c.Exec(ctx, &api.ExecRequest{Cmd: []string{"true"}}); err != nil {
 			t.Fatalf("exec %d: %v", i, err)
 		}
-		time.Sleep(20 * time.Millisecond) // past the idle timeout: the agent closes it
+		// Past the idle timeout: the agent closes it.
+		testutil.Eventually(t, 30*time.Second, "the agent closed the idle connection", func() error {
+			if closedConns.Load() == closed {
+				return errors.New("still open")
+			}
+			return nil
+		})
 	}
 	if n := conns.Load(); n != 5 {
 		t.Fatalf("%d connections, want one per exec", n)
