@@ -30,7 +30,19 @@ var devLinks = [][2]string{
 // thread in a new IPC namespace if newIPC. The caller is the only process
 // left and its thread is locked: the IPC namespace is the thread's own
 // until it re-executes the agent.
-func switchRoot(mfd int, newIPC bool) error {
+//
+// With over, the new root is mounted over the current one and the process
+// chroots into it, instead of pivot_root(2): pivot_root moves the root of
+// every task on the host whose root is the old one, walking all of the
+// host's threads under tasklist_lock, so on a full node (10,000 threads)
+// it costs milliseconds and stalls every fork and exit meanwhile. Only a
+// blank's claim uses it: the root left beneath is the blank's, a read-only
+// clone of the runtime layer, bare once the old /dev is detached. A tenant
+// that climbs out of a chroot (chroot into a subdirectory, then "..")
+// reaches the old root's top, which the new root covers, and so lands in
+// its own root again (TestClaimedRootCoversTheBlanks). A reset of a used
+// sandbox pivots, dropping the tenant's old root with everything it wrote.
+func switchRoot(mfd int, newIPC, over bool) error {
 	if newIPC {
 		if err := unix.Unshare(unix.CLONE_NEWIPC); err != nil {
 			return fmt.Errorf("new ipc namespace: %w", err)
@@ -55,6 +67,9 @@ func switchRoot(mfd int, newIPC bool) error {
 	if err := unix.Chdir(stage); err != nil {
 		return fmt.Errorf("pivot: %w", err)
 	}
+	if over {
+		return chrootOver()
+	}
 	// pivot_root(".", ".") stacks the old root on the new one; detaching
 	// it then leaves the new root alone.
 	if err := unix.PivotRoot(".", "."); err != nil {
@@ -65,6 +80,29 @@ func switchRoot(mfd int, newIPC bool) error {
 	}
 	if err := unix.Chdir("/"); err != nil {
 		return fmt.Errorf("pivot: %w", err)
+	}
+	return nil
+}
+
+// chrootOver moves the new root, the working directory, over the old root
+// and makes it the process's root, as runc does without pivot_root. Every
+// mount of the old root but /dev was moved into the new one; the old /dev
+// (the stage's directory, the device nodes' source) is detached, so the
+// old root is left bare beneath.
+func chrootOver() error {
+	if err := unix.Mount(".", "/", "", unix.MS_MOVE, ""); err != nil {
+		return fmt.Errorf("mount new root over the old: %w", err)
+	}
+	// A path from the root still starts in the old root: a mount on the
+	// root itself is crossed only by "..", not by a lookup from it.
+	if err := unix.Unmount("/dev", unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("detach old /dev: %w", err)
+	}
+	if err := unix.Chroot("."); err != nil {
+		return fmt.Errorf("chroot: %w", err)
+	}
+	if err := unix.Chdir("/"); err != nil {
+		return fmt.Errorf("chroot: %w", err)
 	}
 	return nil
 }

@@ -132,7 +132,7 @@ func (s *Server) handleReset(w http.ResponseWriter, r *http.Request) {
 			// Locked and never unlocked: the thread that switched goes
 			// with this goroutine.
 			runtime.LockOSThread()
-			switched <- switchRoot(root, false)
+			switched <- switchRoot(root, false, true)
 		}()
 		err := <-switched
 		unix.Close(root)
@@ -179,7 +179,7 @@ func (s *Server) handleReset(w http.ResponseWriter, r *http.Request) {
 	proceed := make(chan struct{})
 	go func() {
 		runtime.LockOSThread() // never unlocked: this thread becomes the new agent
-		err := switchRoot(root, true)
+		err := switchRoot(root, true, false)
 		unix.Close(root)
 		switched <- err
 		if err != nil {

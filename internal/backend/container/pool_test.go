@@ -1,12 +1,14 @@
 package container
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -455,5 +457,65 @@ func TestPoolFollowsDemand(t *testing.T) {
 	}
 	if p := newPool(PoolConfig{Max: 1, Min: 4}); p.cfg.Min != 1 || p.cfg.Window != time.Minute {
 		t.Fatalf("config not bounded: %+v", p.cfg)
+	}
+}
+
+// TestClaimedRootCoversTheBlanks: a claim mounts the new root over the
+// blank's and chroots (no pivot_root, which walks every thread of the
+// host). A tenant that climbs out of a chroot with ".." must still land
+// in its own root, before and after a reset, never in the blank's
+// (runtime layer) root beneath.
+func TestClaimedRootCoversTheBlanks(t *testing.T) {
+	testutil.Require(t, testutil.Root, testutil.Tool("runc"), testutil.File("/bin/busybox"), testutil.Tool("mkfs.erofs"), testutil.Tool("go"))
+	ctx := context.Background()
+	climb := filepath.Join(t.TempDir(), "climb")
+	build := exec.Command("go", "build", "-o", climb, "./testdata/climb")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build climb: %v\n%s", err, out)
+	}
+	prog, err := os.ReadFile(climb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := backendtest.MinimalLayer(t, t.TempDir())
+	b, _, _ := newTestBackend(t, PoolConfig{Max: 1, Min: 1})
+	waitPool(t, b, 1)
+	spec := backend.Spec{ID: "sb-climb", Backend: api.BackendContainer, Layers: []backend.Layer{base},
+		Resources: api.Resources{MemoryMB: 32}, Network: api.Network{Mode: api.NetworkNone}}
+	if err := b.Create(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Destroy(context.Background(), spec.ID) })
+	if ps := b.PoolStats(); ps.Claims != 1 {
+		t.Fatalf("the create did not claim the blank: %+v", ps)
+	}
+	for _, when := range []string{"claimed", "reset"} {
+		ag := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return b.Dial(ctx, spec.ID) })
+		req, err := http.NewRequestWithContext(ctx, http.MethodPut, "http://agent/files?path=/bin/climb&mode=755", bytes.NewReader(prog))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := ag.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		ag.Close()
+		if resp.StatusCode/100 != 2 {
+			t.Fatalf("%s: PUT /files: %s: %s", when, resp.Status, msg)
+		}
+		shell(t, b, spec.ID, "touch /only-here")
+		own := shell(t, b, spec.ID, "ls -A / | sort")
+		if !strings.Contains(own, "only-here\n") {
+			t.Fatalf("%s: the sandbox's root: %q", when, own)
+		}
+		if got := shell(t, b, spec.ID, "/bin/climb 2>&1 | sort"); got != own {
+			t.Errorf("%s: climbing out of a chroot reached another root:\n%s", when, lineDiff(got, own))
+		}
+		if err := b.Reset(ctx, spec.ID); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
