@@ -211,38 +211,52 @@ func walk(h hash.Hash, dir, label string) error {
 	return rec(dir, "")
 }
 
+// hostIPC is the edge's own IPC namespace, which a thread that read a
+// container's goes back to.
+var hostIPC = sync.OnceValues(func() (int, error) {
+	return unix.Open("/proc/thread-self/ns/ipc", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+})
+
 // sysvIPC reads the SysV shared memory segments, semaphore sets and message
-// queues of the container's IPC namespace, from a thread that joins it.
+// queues of the container's IPC namespace, from a thread that joins it and
+// then goes back to the edge's. A thread that cannot go back is left locked
+// and dies with its goroutine: it never serves the edge inside a
+// container's namespace. Going back rather than letting every thread die
+// saves creating one per fingerprint (milliseconds on a busy node).
 func sysvIPC(pid int) ([]byte, error) {
+	host, err := hostIPC()
+	if err != nil {
+		return nil, fmt.Errorf("the edge's ipc namespace: %w", err)
+	}
+	fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/ipc", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
 	type result struct {
 		b   []byte
 		err error
 	}
 	ch := make(chan result, 1)
 	go func() {
-		// The thread is left locked, so it dies with this goroutine rather
-		// than going back to the pool inside the container's namespace.
 		runtime.LockOSThread()
-		fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/ipc", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			ch <- result{err: err}
-			return
-		}
-		defer unix.Close(fd)
 		if err := unix.Setns(fd, unix.CLONE_NEWIPC); err != nil {
 			ch <- result{err: fmt.Errorf("join ipc namespace: %w", err)}
-			return
+			return // still locked: the thread's state is unknown
 		}
-		var out []byte
+		var r result
 		for _, f := range []string{"shm", "sem", "msg"} {
 			b, err := os.ReadFile("/proc/sysvipc/" + f)
 			if err != nil {
-				ch <- result{err: err}
-				return
+				r = result{err: err}
+				break
 			}
-			out = append(out, b...)
+			r.b = append(r.b, b...)
 		}
-		ch <- result{b: out}
+		if err := unix.Setns(host, unix.CLONE_NEWIPC); err == nil {
+			runtime.UnlockOSThread()
+		}
+		ch <- r
 	}()
 	r := <-ch
 	return r.b, r.err
