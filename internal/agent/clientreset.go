@@ -27,7 +27,12 @@ var ErrNoReset = errors.New("agent cannot reset in place")
 // process and switched roots, and is re-executing: the next connection
 // reaches the new agent. conn is closed. id, if not nil, is the identity
 // the sandbox takes on (a blank sandbox of the pool becoming a tenant's).
-func ResetRoot(ctx context.Context, conn net.Conn, root int, id *ResetIdentity) (*ResetResult, error) {
+// tasks, if not -1, is the tasks file of the commands' cgroup v1 cpu
+// cgroup, sent along for a kept agent to take (see PlaceCommands; the
+// result's CommandsPlaced says whether it did). Agents before it refuse a
+// second descriptor: only a claim, whose blank this edge started, sends
+// one.
+func ResetRoot(ctx context.Context, conn net.Conn, root, tasks int, id *ResetIdentity) (*ResetResult, error) {
 	defer conn.Close()
 	uc, ok := conn.(*net.UnixConn)
 	if !ok {
@@ -49,7 +54,11 @@ func ResetRoot(ctx context.Context, conn net.Conn, root int, id *ResetIdentity) 
 	}
 	req := "POST /reset HTTP/1.1\r\nHost: " + agentHost + "\r\nContent-Length: " + strconv.Itoa(len(body)) +
 		"\r\nConnection: close\r\n\r\n" + string(body)
-	if _, _, err := uc.WriteMsgUnix([]byte(req), unix.UnixRights(root), nil); err != nil {
+	fds := []int{root}
+	if tasks >= 0 {
+		fds = append(fds, tasks)
+	}
+	if _, _, err := uc.WriteMsgUnix([]byte(req), unix.UnixRights(fds...), nil); err != nil {
 		return nil, fmt.Errorf("reset: send: %w", err)
 	}
 	resp, err := http.ReadResponse(bufio.NewReader(uc), nil)

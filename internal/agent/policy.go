@@ -2,6 +2,7 @@ package agent
 
 import (
 	"fmt"
+	"log/slog"
 	"net/http"
 	"path/filepath"
 	"runtime"
@@ -97,6 +98,23 @@ func (s *Server) forker() forkFunc {
 		}
 		return s.spawner.fork(argv0, argv, attr)
 	}
+}
+
+// prepareSpawner starts the current phase's spawner if there is none yet,
+// so that the next command does not wait for it. A failure is only logged:
+// the next command tries again and reports it.
+func (s *Server) prepareSpawner(log *slog.Logger) {
+	s.policyMu.Lock()
+	defer s.policyMu.Unlock()
+	if s.spawner != nil || s.noConfine {
+		return
+	}
+	sp, err := newSpawner(s.cfg.Root, s.files, s.cfg.DropAdmin, s.cfg.CommandFilter, s.cmdTasks)
+	if err != nil {
+		log.Warn("prepare the commands' spawner", "err", err)
+		return
+	}
+	s.spawner = sp
 }
 
 // spawner is an OS thread confined once to a phase's rules, forking that

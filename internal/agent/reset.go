@@ -30,6 +30,10 @@ type ResetResult struct {
 	// otherwise it is re-executing and the next connection reaches a new
 	// instance.
 	Kept bool `json:"kept,omitempty"`
+	// CommandsPlaced: the kept agent took the commands' cgroup tasks file
+	// that came with the request (see handleReset); otherwise the edge
+	// places them as after a start (PlaceCommands).
+	CommandsPlaced bool `json:"commands_placed,omitempty"`
 }
 
 // Carried is what an agent hands the agent it re-executes as on a reset:
@@ -90,10 +94,26 @@ func (s *Server) handleReset(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, errdefs.Invalid("reset in place needs the agent to be PID 1 of a container"))
 		return
 	}
-	if len(fds) != 1 {
+	if len(fds) != 1 && len(fds) != 2 {
 		closeFDs(fds)
-		s.writeError(w, r, errdefs.Invalid("reset needs the new root file system as one file descriptor, got %d", len(fds)))
+		s.writeError(w, r, errdefs.Invalid("reset needs the new root file system as one file descriptor (and the commands' cgroup tasks file as a second), got %d", len(fds)))
 		return
+	}
+	tasks := -1
+	if len(fds) == 2 {
+		tasks = fds[1]
+		var st unix.Statfs_t
+		if err := unix.Fstatfs(tasks, &st); err != nil || st.Type != unix.CGROUP_SUPER_MAGIC {
+			closeFDs(fds)
+			s.writeError(w, r, errdefs.Invalid("reset: the second descriptor is not a cgroup v1 file"))
+			return
+		}
+		// Closed unless a kept agent takes it below.
+		defer func() {
+			if tasks >= 0 {
+				unix.Close(tasks)
+			}
+		}()
 	}
 	root, log, t0 := fds[0], logger(r), time.Now()
 	var ident *ResetIdentity
@@ -156,8 +176,25 @@ func (s *Server) handleReset(w http.ResponseWriter, r *http.Request) {
 		if _, err := s.Autostart(AutostartDir); err != nil {
 			log.WarnContext(r.Context(), "autostart", "err", err)
 		}
+		res := &ResetResult{Killed: killed, DurationMs: time.Since(t0).Milliseconds(), Instance: instance, Kept: true}
+		if tasks >= 0 && !s.noConfine {
+			// The commands' cgroup, as PlaceCommands would set it, without
+			// a round trip of its own; the spawner that joins it is made
+			// after the answer, off the create's path.
+			s.policyMu.Lock()
+			if s.cmdTasks >= 0 {
+				unix.Close(s.cmdTasks)
+			}
+			s.cmdTasks, tasks = tasks, -1
+			s.policyMu.Unlock()
+			res.CommandsPlaced = true
+		}
 		log.InfoContext(r.Context(), "reset; the unused agent serves on", "killed", killed, "duration", time.Since(t0))
-		writeJSON(w, http.StatusOK, &ResetResult{Killed: killed, DurationMs: time.Since(t0).Milliseconds(), Instance: instance, Kept: true})
+		writeJSON(w, http.StatusOK, res)
+		if res.CommandsPlaced {
+			_ = http.NewResponseController(w).Flush()
+			go s.prepareSpawner(log)
+		}
 		return
 	}
 	state, err := carryState(carried)

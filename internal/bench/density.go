@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -63,8 +64,14 @@ type densityRow struct {
 	nodeMounts       int // the edge's mounts under its data directory, in its namespace
 	serverKB, edgeKB int64
 	runc             stats // zero when not measured at this step
-	runcMeasured     bool
-	runErr           error
+	// forkExec times fork+exec of /bin/true from the bench itself: the
+	// machine's own cost of a process at this step, a control for the
+	// create and exec figures (on a full machine the kernel's process
+	// bookkeeping, and anything else that scans the process table, is
+	// slower for everyone).
+	forkExec     stats
+	runcMeasured bool
+	runErr       error
 }
 
 // Density fills the node step by step with idle sandboxes and reports at
@@ -129,13 +136,14 @@ func Density(ctx context.Context, cfg DensityConfig) (err error) {
 
 	var rows []densityRow
 	header := func() {
-		fmt.Fprintf(w, "%6s %9s %19s %17s %9s %9s %9s %9s %8s %8s %9s %9s %17s\n",
-			"live", "batch/s", "create→exec p50/99", "warm exec p50/99", "host/sbx", "kern/sbx", "memcg", "agent PSS",
+		fmt.Fprintf(w, "%6s %9s %19s %17s %9s %9s %9s %9s %9s %8s %8s %9s %9s %17s\n",
+			"live", "batch/s", "create→exec p50/99", "warm exec p50/99", "fork+exec", "host/sbx", "kern/sbx", "memcg", "agent PSS",
 			"host mnt", "node mnt", "server", "edge", "runc run p50/99")
 	}
 	fmt.Fprintf(w, "host/sbx: fall of MemAvailable per live sandbox (the whole machine's); kern/sbx: rise of unreclaimable kernel\n"+
 		"memory (SUnreclaim+KernelStack+PageTables+Percpu) per live sandbox; memcg: a sandbox's memory cgroup charge\n"+
-		"(its processes and the kernel memory made for them), mean of up to 8; agent PSS: the same sandboxes' processes\n\n")
+		"(its processes and the kernel memory made for them), mean of up to 8; agent PSS: the same sandboxes' processes;\n"+
+		"fork+exec: p50 of /bin/true run by the bench itself, the machine's own cost of a process (a control)\n\n")
 	header()
 	for len(live) < max {
 		n := min(cfg.Step, max-len(live))
@@ -261,6 +269,15 @@ func densityMeasure(ctx context.Context, cfg DensityConfig, spec *api.CreateSand
 		}
 	}
 	row.first = summarize(firsts)
+	var forks []time.Duration
+	for range max(cfg.Singles, 20) {
+		t0 := time.Now()
+		if err := exec.CommandContext(ctx, "/bin/true").Run(); err != nil {
+			return fmt.Errorf("fork+exec of /bin/true: %w", err)
+		}
+		forks = append(forks, time.Since(t0))
+	}
+	row.forkExec = summarize(forks)
 	var warm []time.Duration
 	for range cfg.Execs {
 		id := live[rand.IntN(len(live))]
@@ -308,8 +325,8 @@ func printDensityRow(w io.Writer, r densityRow, oneProcess bool) {
 	if oneProcess {
 		edge = "(same)"
 	}
-	fmt.Fprintf(w, "%6d %9.1f %19s %17s %9s %9s %9s %9s %8d %8d %9s %9s %17s\n",
-		r.live, r.batchRate, pair(r.first), pair(r.warm), mibs(int64(r.hostKBPerSandbox*1024)), mibs(int64(r.kernelKBPerSandbox*1024)),
+	fmt.Fprintf(w, "%6d %9.1f %19s %17s %9s %9s %9s %9s %9s %8d %8d %9s %9s %17s\n",
+		r.live, r.batchRate, pair(r.first), pair(r.warm), ms(r.forkExec.p50), mibs(int64(r.hostKBPerSandbox*1024)), mibs(int64(r.kernelKBPerSandbox*1024)),
 		mibs(r.memcgKB<<10), mibs(r.agentPSSKB<<10),
 		r.hostMounts, r.nodeMounts, mb(r.serverKB<<10), edge, runc)
 }
@@ -328,6 +345,7 @@ func densitySummary(w io.Writer, rows []densityRow) {
 	fmt.Fprintf(w, "  batch create rate:          %.2f×\n", last.batchRate/first.batchRate)
 	fmt.Fprintf(w, "  create→first exec p50:      %s\n", ratio(last.first.p50, first.first.p50))
 	fmt.Fprintf(w, "  warm exec p50:              %s\n", ratio(last.warm.p50, first.warm.p50))
+	fmt.Fprintf(w, "  fork+exec p50 (control):    %s\n", ratio(last.forkExec.p50, first.forkExec.p50))
 	if last.containers > last.live {
 		// The pool's blanks are in the host's figures; say what each
 		// container costs as well as each live sandbox (the few blanks

@@ -60,18 +60,9 @@ func (b *Backend) limitCPU(ctx context.Context, rec *record) error {
 // the quota and hands its tasks file to the agent; then it lifts any quota
 // from the agent's own cgroup (one a failed hand-off put there).
 func (b *Backend) placeCommands(ctx context.Context, id, dir string, quota int64) error {
-	cmd := filepath.Join(dir, cmdCgroup)
-	if err := os.Mkdir(cmd, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
-		return err
-	}
-	for _, kv := range [][2]string{{"cpu.cfs_period_us", strconv.Itoa(cfsPeriod)}, {"cpu.cfs_quota_us", strconv.FormatInt(quota, 10)}} {
-		if err := os.WriteFile(filepath.Join(cmd, kv[0]), []byte(kv[1]), 0); err != nil {
-			return fmt.Errorf("%s: %w", kv[0], err)
-		}
-	}
-	tasks, err := unix.Open(filepath.Join(cmd, "tasks"), unix.O_WRONLY|unix.O_CLOEXEC, 0)
+	tasks, err := commandsCgroup(dir, quota)
 	if err != nil {
-		return fmt.Errorf("open the commands' tasks file: %w", err)
+		return err
 	}
 	defer unix.Close(tasks)
 	conn, err := b.Dial(ctx, id)
@@ -82,4 +73,37 @@ func (b *Backend) placeCommands(ctx context.Context, id, dir string, quota int64
 		return err
 	}
 	return os.WriteFile(filepath.Join(dir, "cpu.cfs_quota_us"), []byte("-1"), 0)
+}
+
+// commandsCgroup makes (or keeps) the commands' cpu cgroup under dir with
+// the quota and opens its tasks file, for the agent to place its spawner
+// there (write permission is the opener's).
+func commandsCgroup(dir string, quota int64) (int, error) {
+	cmd := filepath.Join(dir, cmdCgroup)
+	if err := os.Mkdir(cmd, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return -1, err
+	}
+	for _, kv := range [][2]string{{"cpu.cfs_period_us", strconv.Itoa(cfsPeriod)}, {"cpu.cfs_quota_us", strconv.FormatInt(quota, 10)}} {
+		if err := os.WriteFile(filepath.Join(cmd, kv[0]), []byte(kv[1]), 0); err != nil {
+			return -1, fmt.Errorf("%s: %w", kv[0], err)
+		}
+	}
+	tasks, err := unix.Open(filepath.Join(cmd, "tasks"), unix.O_WRONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("open the commands' tasks file: %w", err)
+	}
+	return tasks, nil
+}
+
+// claimTasks prepares the commands' cpu cgroup of a sandbox being claimed
+// and opens its tasks file, which goes to the agent with the new root
+// (agent.ResetRoot): the claim then needs no placement round trip. -1
+// when the commands share the agent's cgroup (no CPU request) or the
+// quota is cgroup v2's (on the sandbox's cgroup, see limitCPU).
+func claimTasks(st containerState, cpu float64) (int, error) {
+	dir, ok := st.CgroupPaths["cpu"]
+	if cpu <= 0 || !ok {
+		return -1, nil
+	}
+	return commandsCgroup(dir, int64(cpu*cfsPeriod))
 }
