@@ -43,11 +43,14 @@ type DensityConfig struct {
 
 // densityRow is what one step measured.
 type densityRow struct {
-	live             int
-	batchRate        float64
-	failed           int
-	first, warm      stats
-	hostKBPerSandbox float64
+	live        int
+	batchRate   float64
+	failed      int
+	first, warm stats
+	// create and firstExec split first: the create request alone and the
+	// first exec after it, to tell which of the two grows.
+	create, firstExec stats
+	hostKBPerSandbox  float64
 	// kernelKBPerSandbox is the growth of the host's unreclaimable kernel
 	// memory (SUnreclaim, KernelStack, PageTables, Percpu) per sandbox:
 	// less noisy than MemAvailable on a machine that does other work.
@@ -251,7 +254,7 @@ func Density(ctx context.Context, cfg DensityConfig) (err error) {
 // densityMeasure times single creates and warm execs with the node as it
 // is, and reads the agents' memory.
 func densityMeasure(ctx context.Context, cfg DensityConfig, spec *api.CreateSandboxRequest, live []string, made map[string]bool, row *densityRow) error {
-	var firsts []time.Duration
+	var firsts, creates, execs []time.Duration
 	for range cfg.Singles {
 		t0 := time.Now()
 		sb, err := cfg.Client.CreateSandbox(ctx, spec)
@@ -259,8 +262,10 @@ func densityMeasure(ctx context.Context, cfg DensityConfig, spec *api.CreateSand
 			return fmt.Errorf("single create at %d live: %w", len(live), err)
 		}
 		made[sb.ID] = true
+		t1 := time.Now()
 		_, err = cfg.Client.Exec(ctx, sb.ID, &api.ExecRequest{Cmd: []string{"true"}})
 		firsts = append(firsts, time.Since(t0))
+		creates, execs = append(creates, t1.Sub(t0)), append(execs, time.Since(t1))
 		if derr := cfg.Client.DeleteSandbox(ctx, sb.ID); err == nil {
 			err = derr
 		}
@@ -268,7 +273,7 @@ func densityMeasure(ctx context.Context, cfg DensityConfig, spec *api.CreateSand
 			return fmt.Errorf("single create at %d live: %w", len(live), err)
 		}
 	}
-	row.first = summarize(firsts)
+	row.first, row.create, row.firstExec = summarize(firsts), summarize(creates), summarize(execs)
 	var forks []time.Duration
 	for range max(cfg.Singles, 20) {
 		t0 := time.Now()
@@ -343,7 +348,9 @@ func densitySummary(w io.Writer, rows []densityRow) {
 	}
 	fmt.Fprintf(w, "\n%d live against %d live:\n", last.live, first.live)
 	fmt.Fprintf(w, "  batch create rate:          %.2f×\n", last.batchRate/first.batchRate)
-	fmt.Fprintf(w, "  create→first exec p50:      %s\n", ratio(last.first.p50, first.first.p50))
+	fmt.Fprintf(w, "  create→first exec p50:      %s (the create alone %s → %s, %s; its first exec %s → %s, %s)\n",
+		ratio(last.first.p50, first.first.p50), ms(first.create.p50), ms(last.create.p50), ratio(last.create.p50, first.create.p50),
+		ms(first.firstExec.p50), ms(last.firstExec.p50), ratio(last.firstExec.p50, first.firstExec.p50))
 	fmt.Fprintf(w, "  warm exec p50:              %s\n", ratio(last.warm.p50, first.warm.p50))
 	fmt.Fprintf(w, "  fork+exec p50 (control):    %s\n", ratio(last.forkExec.p50, first.forkExec.p50))
 	if last.containers > last.live {
