@@ -533,3 +533,38 @@ func TestReconcileRacesCreates(t *testing.T) {
 		})
 	}
 }
+
+// TestCreateSurvivesARecordChangedWhileBuilding: a record changed while
+// its node builds the sandbox — a reconcile that found it there first and
+// marked it running, or a node declared down for a moment that marked it
+// lost — is read again, and the create still answers running (it failed
+// with "record changed concurrently" and destroyed the sandbox before).
+func TestCreateSurvivesARecordChangedWhileBuilding(t *testing.T) {
+	ctx := context.Background()
+	c := sim.NewCluster()
+	nodes := addNodes(t, c, 1, api.Resources{CPU: 8, MemoryMB: 10000}, nil, "n")
+	r := newReplica(t, openSQLite(t), c, filepath.Join(t.TempDir(), "admin.key"))
+	heartbeats(t, c, r)
+	for _, state := range []string{api.StateRunning, api.StateLost} {
+		nodes[0].Backend.Refuse = func(spec backend.Spec) error {
+			sb, err := r.store.GetSandbox(ctx, spec.ID)
+			if err != nil {
+				return err
+			}
+			sb.API.State = state
+			return r.store.UpdateSandbox(ctx, &sb)
+		}
+		sb, err := r.client.CreateSandbox(ctx, small())
+		if err != nil {
+			t.Fatalf("record made %s while building: %v", state, err)
+		}
+		got, err := r.store.GetSandbox(ctx, sb.ID)
+		if err != nil || sb.State != api.StateRunning || got.API.State != api.StateRunning {
+			t.Fatalf("record made %s while building: answered %s, stored %s (%v)", state, sb.State, got.API.State, err)
+		}
+	}
+	nodes[0].Backend.Refuse = nil
+	if n := nodes[0].Backend.Count(); n != 2 {
+		t.Fatalf("the node holds %d sandboxes, want the 2 made", n)
+	}
+}

@@ -207,12 +207,40 @@ func (s *Server) build(ctx context.Context, sb *store.Sandbox, p plan) error {
 		}
 		return err
 	}
-	sb.API.State = api.StateRunning
-	if err := s.store.UpdateSandbox(ctx, sb); err != nil {
+	if err := s.recordRunning(ctx, sb); err != nil {
 		// The node has it but we could not record it: undo, or it leaks.
 		sb.API.State = api.StateCreating
 		n.client.Destroy(context.WithoutCancel(ctx), sb.API.ID)
 		return fmt.Errorf("record running sandbox: %w", err)
 	}
 	return nil
+}
+
+// recordRunning records a sandbox its node has just built as running. The
+// record may have changed since it was read — a reconcile that found the
+// sandbox on its node already marked it running, or a node declared down
+// for a moment marked it lost — and is then read again: still live on the
+// same node, it is recorded running; deleted or moved meanwhile, the
+// conflict stands and the caller destroys what the node built.
+func (s *Server) recordRunning(ctx context.Context, sb *store.Sandbox) error {
+	want := *sb
+	for range 3 {
+		sb.API.State = api.StateRunning
+		err := s.store.UpdateSandbox(ctx, sb)
+		if !errors.Is(err, store.ErrConflict) {
+			return err
+		}
+		fresh, gerr := s.store.GetSandbox(ctx, sb.API.ID)
+		if gerr != nil {
+			return err
+		}
+		switch {
+		case fresh.DeletedAt != nil, fresh.API.Node != want.API.Node, fresh.Tenant != want.Tenant:
+			return err
+		case fresh.API.State != api.StateCreating && fresh.API.State != api.StateLost && fresh.API.State != api.StateRunning:
+			return err
+		}
+		*sb = fresh
+	}
+	return fmt.Errorf("update sandbox %s: %w", sb.API.ID, store.ErrConflict)
 }
