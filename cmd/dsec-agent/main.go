@@ -95,6 +95,14 @@ func main() {
 		return
 	}
 	cfg.Log = log
+	if *filters != "" && *listenFD >= 0 && *stateFD < 0 {
+		// A container sandbox's first agent (a re-executed one has
+		// them in its new root already).
+		if err := agent.FinishContainer(); err != nil {
+			log.Error("dsec-agent: finish the container", "err", err)
+			os.Exit(1)
+		}
+	}
 	if *filters != "" && *listenFD >= 0 {
 		cfg.Reexec = func(listenFD, stateFD int) error {
 			args := []string{os.Args[0], "--listen-fd", strconv.Itoa(listenFD), "--state-fd", strconv.Itoa(stateFD),

@@ -109,8 +109,8 @@ func chrootOver() error {
 
 // freshDev mounts a new /dev in root as runc makes one (see the container
 // backend's OCI spec): tmpfs, the host's device nodes bound from the old
-// /dev, runc's links, a new devpts instance, an empty /dev/shm and the new
-// IPC namespace's mqueue.
+// /dev, runc's links, a new devpts instance, the new IPC namespace's mqueue
+// and an empty /dev/shm (see FinishContainer).
 func freshDev(root string) error {
 	dev := filepath.Join(root, "dev")
 	if err := mount("tmpfs", dev, "tmpfs", unix.MS_NOSUID|unix.MS_STRICTATIME, "mode=755,size=65536k"); err != nil {
@@ -146,7 +146,6 @@ func freshDev(root string) error {
 		data             string
 	}{
 		{"pts", "devpts", "devpts", unix.MS_NOSUID | unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620,gid=5"},
-		{"shm", "shm", "tmpfs", unix.MS_NOSUID | unix.MS_NOEXEC | unix.MS_NODEV, "mode=1777,size=65536k"},
 		{"mqueue", "mqueue", "mqueue", unix.MS_NOSUID | unix.MS_NOEXEC | unix.MS_NODEV, ""},
 	} {
 		p := filepath.Join(dev, m.dir)
@@ -157,7 +156,96 @@ func freshDev(root string) error {
 			return err
 		}
 	}
+	return shmDir(filepath.Join(dev, "shm"))
+}
+
+// A container sandbox's /dev/shm and masked directories are made by its
+// agent rather than by runc, without a file system of their own. runc
+// mounts a tmpfs for /dev/shm and one for each masked directory: three
+// superblocks of a sandbox's eleven. Every superblock on the host is a
+// memory-cgroup-aware shrinker, and every memory cgroup on the node keeps
+// a slot for each shrinker id the host ever used (the kernel's
+// shrinker_info, 1 KiB per 64 ids), so each superblock a sandbox adds
+// costs memory in every other sandbox's cgroup — a cost per sandbox that
+// grows with the node's size (docs/ARCHITECTURE.md, "Memory of an idle
+// sandbox").
+
+// MaskedDirs are runc's default masked paths that are directories. A
+// container's agent masks them with read-only binds of the runtime
+// layer's empty directory (EmptyDir); the container's spec masks only
+// the files.
+var MaskedDirs = []string{"/proc/acpi", "/proc/asound", "/proc/scsi", "/sys/firmware", "/sys/devices/virtual/powercap"}
+
+// EmptyDir is an empty, read-only directory of the runtime layer.
+const EmptyDir = "/.dsec/empty"
+
+// FinishContainer makes what runc no longer makes in a container sandbox,
+// before the agent serves: /dev/shm (a directory of /dev's tmpfs, bound
+// over itself with nosuid, nodev and noexec) and the masks of MaskedDirs.
+// Either already mounted (by runc, from an older edge's spec) is left as
+// it is.
+func FinishContainer() error {
+	if err := shmDir("/dev/shm"); err != nil {
+		return err
+	}
+	for _, d := range MaskedDirs {
+		if err := maskDir(d); err != nil {
+			return err
+		}
+	}
 	return nil
+}
+
+// shmDir makes path a world-writable sticky directory bound over itself
+// with nosuid, nodev and noexec: a mount of its parent's file system, not
+// a file system of its own. The space is /dev's (64 MiB, as /dev/shm's own
+// was).
+func shmDir(path string) error {
+	if root, err := isMountRoot(path); err == nil && root {
+		return nil
+	}
+	if err := unix.Mkdir(path, 0o755); err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	if err := unix.Chmod(path, 0o1777); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	if err := mount(path, path, "", unix.MS_BIND, ""); err != nil {
+		return err
+	}
+	return mount("", path, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "")
+}
+
+// maskDir covers the directory path, if there is one, with a read-only
+// bind of EmptyDir (a read-only tmpfs, as runc masks, when the runtime
+// layer has no EmptyDir).
+func maskDir(path string) error {
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return nil // nothing to mask, or a file (the spec masks those)
+	}
+	if root, err := isMountRoot(path); err != nil || root {
+		return err
+	}
+	if _, err := os.Stat(EmptyDir); err != nil {
+		return mount("tmpfs", path, "tmpfs", unix.MS_RDONLY, "")
+	}
+	if err := mount(EmptyDir, path, "", unix.MS_BIND, ""); err != nil {
+		return err
+	}
+	return mount("", path, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "")
+}
+
+// isMountRoot reports whether path is the root of a mount.
+func isMountRoot(path string) (bool, error) {
+	var stx unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, path, unix.AT_SYMLINK_NOFOLLOW|unix.AT_NO_AUTOMOUNT, unix.STATX_BASIC_STATS, &stx); err != nil {
+		return false, err
+	}
+	if stx.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT == 0 {
+		return false, errors.New("statx: no mount root attribute")
+	}
+	return stx.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0, nil
 }
 
 // moveMounts moves every mount attached directly on the old root — /proc,

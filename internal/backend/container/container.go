@@ -212,6 +212,7 @@ func (b *Backend) makeRuntime() (string, error) {
 	}
 	h.Write(agentBPF)
 	h.Write(commandBPF)
+	h.Write([]byte("layout 2")) // 2: .dsec/empty
 	// The sandbox's root (an unprivileged host uid) must reach its .dsec
 	// for runc to bind it.
 	if err := os.Chmod(filepath.Join(b.cfg.Root, "runtime"), 0o711); err != nil {
@@ -226,10 +227,14 @@ func (b *Backend) makeRuntime() (string, error) {
 		return "", err
 	}
 	defer os.RemoveAll(tmp)
-	for _, d := range []string{".dsec/seccomp", "proc", "sys", "dev", "etc", "root", "tmp", "run"} {
+	for _, d := range []string{".dsec/seccomp", ".dsec/empty", "proc", "sys", "dev", "etc", "root", "tmp", "run"} {
 		if err := os.MkdirAll(filepath.Join(tmp, d), 0o755); err != nil {
 			return "", err
 		}
+	}
+	// What the agent binds over masked directories (agent.MaskedDirs).
+	if err := os.Chmod(filepath.Join(tmp, ".dsec/empty"), 0o555); err != nil {
+		return "", err
 	}
 	if err := os.Chmod(filepath.Join(tmp, "tmp"), 0o1777|os.ModeSticky); err != nil {
 		return "", err
