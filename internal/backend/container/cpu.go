@@ -16,9 +16,32 @@ import (
 // cfsPeriod is the CFS bandwidth period, µs.
 const cfsPeriod = 100000
 
+// cpuShares is the cpu.shares of a sandbox that asked for cpu cores:
+// cpu × 1024, but never below the kernel's default. The sandbox's cpu
+// cgroup holds its agent, and on cgroup v1 the commands' quota is on a
+// child of its own (limitCPU): the weight decides how the agent serving
+// an exec fares against the node's other work, while the quota alone
+// bounds what the tenant's commands take. At 51 (cpu 0.05) an agent lost
+// to a blank's `runc run` at nice 10 (a weight of 110): an exec while the
+// pool refilled took 41–64 ms p50 instead of 7–12 (docs/ARCHITECTURE.md,
+// "CPU"). Above one core the weight grows with the request, as before.
+func cpuShares(cpu float64) int64 {
+	return max(int64(cpu*1024), defaultShares)
+}
+
 // cmdCgroup names the child of a sandbox's cgroup v1 cpu cgroup that its
 // commands run in.
 const cmdCgroup = "cmd"
+
+// The commands' quota comes with a burst allowance of one quota
+// (cpu.cfs_burst_us, Linux 5.14): what a period leaves unused is banked,
+// up to one more quota, so a short command after a pause runs on twice
+// the quota while the average stays at the quota. Each write of the
+// cgroup's bandwidth adds a quota to what it holds (up to quota + burst),
+// so a fresh commands' cgroup starts with both: at cpu 0.05 a sandbox's
+// first command — a fork, an exec and an exit, 2–5 ms of CPU on this
+// project's paravirtualized machines — no longer outruns its 5 ms and
+// waits for the next period (55–90 ms).
 
 // limitCPU applies the sandbox's CPU quota once the container has started:
 // runc init (which compiles the seccomp filter) and the agent's start-up
@@ -87,6 +110,9 @@ func commandsCgroup(dir string, quota int64) (int, error) {
 		if err := os.WriteFile(filepath.Join(cmd, kv[0]), []byte(kv[1]), 0); err != nil {
 			return -1, fmt.Errorf("%s: %w", kv[0], err)
 		}
+	}
+	if err := os.WriteFile(filepath.Join(cmd, "cpu.cfs_burst_us"), []byte(strconv.FormatInt(quota, 10)), 0); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return -1, fmt.Errorf("cpu.cfs_burst_us: %w", err)
 	}
 	tasks, err := unix.Open(filepath.Join(cmd, "tasks"), unix.O_WRONLY|unix.O_CLOEXEC, 0)
 	if err != nil {

@@ -49,6 +49,14 @@ func TestCPUQuotaIsTheCommands(t *testing.T) {
 	if got := readTrim(t, filepath.Join(cmd, "cpu.cfs_quota_us")); got != "5000" {
 		t.Fatalf("the commands' cpu cgroup has quota %s", got)
 	}
+	if got, err := os.ReadFile(filepath.Join(cmd, "cpu.cfs_burst_us")); err == nil && strings.TrimSpace(string(got)) != "5000" {
+		t.Fatalf("the commands' cpu cgroup has a burst of %s, want one quota", got)
+	}
+	// The agent's weight is never below the kernel's default: at 51
+	// (0.05 × 1024) it lost to any background work on the node.
+	if got := readTrim(t, filepath.Join(dir, "cpu.shares")); got != "1024" {
+		t.Fatalf("the agent's cpu cgroup has cpu.shares %s, want 1024", got)
+	}
 
 	placed := func(t *testing.T) {
 		pid := initPid(t, root, id)

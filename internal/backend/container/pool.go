@@ -669,7 +669,7 @@ func applyLimits(st containerState, r api.Resources) error {
 	// without a CPU request has the kernel's default.
 	shares, weight := int64(defaultShares), int64(defaultWeight)
 	if r.CPU > 0 {
-		shares = int64(max(r.CPU*1024, 2))
+		shares = cpuShares(r.CPU)
 		weight = 1 + ((shares-2)*9999)/262142 // runc's conversion
 	}
 	if dir, ok := st.CgroupPaths["cpu"]; ok {

@@ -519,3 +519,16 @@ func TestClaimedRootCoversTheBlanks(t *testing.T) {
 		}
 	}
 }
+
+// TestCPUShares: a sandbox's weight is its request, never below the
+// kernel's default (cpuShares).
+func TestCPUShares(t *testing.T) {
+	for _, c := range []struct {
+		cpu  float64
+		want int64
+	}{{0.05, 1024}, {0.5, 1024}, {1, 1024}, {2, 2048}, {2.5, 2560}} {
+		if got := cpuShares(c.cpu); got != c.want {
+			t.Errorf("cpuShares(%g) = %d, want %d", c.cpu, got, c.want)
+		}
+	}
+}

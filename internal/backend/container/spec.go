@@ -129,8 +129,7 @@ func resources(r api.Resources) *specs.LinuxResources {
 	}
 	if r.CPU > 0 {
 		// The quota is written after start (runc.setCPUQuota).
-		shares := uint64(max(r.CPU*1024, 2))
-		out.CPU = &specs.LinuxCPU{Shares: &shares}
+		out.CPU = &specs.LinuxCPU{Shares: ptrTo(uint64(cpuShares(r.CPU)))}
 	}
 	if r.Pids > 0 {
 		limit := r.Pids
