@@ -30,6 +30,10 @@ type DensityConfig struct {
 	// Singles create → first exec → destroy cycles and Execs warm execs on
 	// random live sandboxes are timed at each step.
 	Singles, Execs int
+	// Pause is waited between a single's destroy and the next single's
+	// create: with it, a create no longer overlaps what the previous
+	// sandbox's destroy left to the kernel and the pool's refill.
+	Pause time.Duration
 	// BaselineN bare `runc run`s are timed at the first and at the last
 	// step (0: none), in WorkDir with Runc.
 	BaselineN int
@@ -116,6 +120,9 @@ func Density(ctx context.Context, cfg DensityConfig) (err error) {
 	}
 	fmt.Fprintf(w, "dsec bench density: %s, cpu %g, memory_mb %d; steps of %d up to %d live; %d single creates and %d warm execs per step\n",
 		cfg.Base, cfg.CPU, cfg.MemoryMB, cfg.Step, max, cfg.Singles, cfg.Execs)
+	if cfg.Pause > 0 {
+		fmt.Fprintf(w, "singles %v apart (from a destroy to the next create)\n", cfg.Pause)
+	}
 	fmt.Fprintf(w, "server pid %d, edge pid %d (%s), edge data %s\n\n", serverPid, edgePid, edgeNS(serverPid, edgePid), dataDir)
 
 	spec := api.CreateSandboxRequest{Layers: &api.LayerRefs{Base: cfg.Base},
@@ -255,7 +262,14 @@ func Density(ctx context.Context, cfg DensityConfig) (err error) {
 // is, and reads the agents' memory.
 func densityMeasure(ctx context.Context, cfg DensityConfig, spec *api.CreateSandboxRequest, live []string, made map[string]bool, row *densityRow) error {
 	var firsts, creates, execs []time.Duration
-	for range cfg.Singles {
+	for i := range cfg.Singles {
+		if i > 0 && cfg.Pause > 0 {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(cfg.Pause):
+			}
+		}
 		t0 := time.Now()
 		sb, err := cfg.Client.CreateSandbox(ctx, spec)
 		if err != nil {

@@ -487,22 +487,27 @@ func (b *Backend) teardown(ctx context.Context, id string, rec *record) error {
 	dir := b.dir(id)
 	b.forgetBaseline(id)
 	var errs []error
+	t0 := time.Now()
 	if err := b.runc.delete(ctx, id); err != nil {
 		errs = append(errs, err)
 	}
+	t1 := time.Now()
 	if err := mount.Unmount(filepath.Join(dir, "rootfs")); err != nil {
 		errs = append(errs, err)
 	}
 	if err := mount.Unmount(filepath.Join(dir, "disk")); err != nil {
 		errs = append(errs, err)
 	}
+	t2 := time.Now()
 	b.dropNextDisk(id)
 	if rec != nil {
 		b.disconnect(rec)
 		b.release(rec)
 		b.freeUIDs(id, rec.UIDs)
 	}
-	return backend.FinishTeardown(id, dir, errs)
+	err := backend.FinishTeardown(id, dir, errs)
+	b.log.DebugContext(ctx, "teardown steps", "sandbox", id, "container", t1.Sub(t0), "unmount", t2.Sub(t1), "files", time.Since(t2))
+	return err
 }
 
 // Destroy implements backend.Backend.

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/dsec-project/dsec/internal/errdefs"
 )
@@ -98,9 +99,13 @@ func (r runc) delete(ctx context.Context, id string) error {
 		return nil
 	}
 	if err == nil {
+		t0 := time.Now()
 		if err = r.stop(ctx, id, st); err == nil {
+			t1 := time.Now()
 			if err = removeCgroups(st.CgroupPaths); err == nil {
+				t2 := time.Now()
 				if err = os.RemoveAll(filepath.Join(r.root, id)); err == nil {
+					r.log.DebugContext(ctx, "runc: delete steps", "sandbox", id, "kill_and_exit", t1.Sub(t0), "cgroups", t2.Sub(t1), "state", time.Since(t2))
 					return nil
 				}
 			}
