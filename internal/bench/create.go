@@ -119,10 +119,11 @@ func Create(ctx context.Context, cfg CreateConfig) error {
 }
 
 // warmPool waits (up to 30 s) until every node's blank sandbox pool is at
-// its target, as its heartbeats report it: a node that saw demand a moment
-// ago. Without a pool it returns at once.
+// its target, as a heartbeat made after the call reports it: a node that
+// saw demand a moment ago. Without a pool it returns at once.
 func warmPool(ctx context.Context, c *client.Client, w io.Writer) {
-	deadline := time.Now().Add(30 * time.Second)
+	since := time.Now()
+	deadline := since.Add(30 * time.Second)
 	for {
 		nl, err := c.NodeList(ctx)
 		if err != nil {
@@ -130,6 +131,12 @@ func warmPool(ctx context.Context, c *client.Client, w io.Writer) {
 		}
 		cold := ""
 		for _, n := range nl.Nodes {
+			// Only a report made after the run before it counts: an older
+			// heartbeat shows the pool full while the run drained it.
+			if !n.LastSeen.IsZero() && n.LastSeen.Before(since) {
+				cold = fmt.Sprintf("node %s's report (last seen %s)", n.ID, n.LastSeen.Format(time.TimeOnly))
+				continue
+			}
 			if p := n.Load.BlankPool; p != nil && p.Size < p.Target {
 				cold = fmt.Sprintf("node %s's pool %d/%d", n.ID, p.Size, p.Target)
 			}
