@@ -95,9 +95,10 @@ func main() {
 		return
 	}
 	cfg.Log = log
-	if *filters != "" && *listenFD >= 0 && *stateFD < 0 {
-		// A container sandbox's first agent (a re-executed one has
-		// them in its new root already).
+	if *filters != "" && *listenFD >= 0 && *stateFD < 0 && os.Getpid() == 1 {
+		// A container sandbox's first agent, its init (a re-executed
+		// one has them in its new root already; an agent that is not
+		// an init is not a container's and mounts nothing).
 		if err := agent.FinishContainer(); err != nil {
 			log.Error("dsec-agent: finish the container", "err", err)
 			os.Exit(1)
