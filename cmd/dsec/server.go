@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -43,6 +44,7 @@ type nodeFlags struct {
 	maxFileBytes int64
 	uidBase      uint
 	pool         container.PoolConfig
+	spareMemcgs  int
 	net          netFlags
 	cpu          float64
 	memoryMB     int64
@@ -70,6 +72,7 @@ func (n *nodeFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&n.pool.Max, "container-pool", 32, "most blank container sandboxes (~2.7 MB each) kept started for creates to claim, at about a reset's cost (0: off)")
 	fs.IntVar(&n.pool.Min, "container-pool-min", 2, "blank container sandboxes kept even without demand")
 	fs.DurationVar(&n.pool.Window, "container-pool-window", time.Minute, "the pool refills toward the creates of this last window")
+	fs.IntVar(&n.spareMemcgs, "spare-memcgs", 64, "emptied memory cgroups of destroyed container sandboxes kept for the next ones: the kernel's cost of making and removing one grows with the node (0: none)")
 	n.net.register(fs)
 	fs.Float64Var(&n.cpu, "cpu", 0, "cores this node offers (default: all)")
 	fs.Int64Var(&n.memoryMB, "memory-mb", 0, "memory this node offers, MB (default: 90% of RAM, leaving at least 512 MB)")
@@ -166,7 +169,7 @@ func (n *nodeFlags) startEdge(ctx context.Context, dataDir string, layers edge.L
 	cb, err := container.New(container.Config{
 		Root: filepath.Join(dataDir, "container"), Runc: n.runc, AgentPath: agent, Logger: log,
 		CgroupParent: n.cgroupParent, MaxFileBytes: n.maxFileBytes, UIDBase: uint32(n.uidBase),
-		Network: netCfg, Pool: n.pool,
+		Network: netCfg, Pool: n.pool, SpareMemcgs: cmp.Or(n.spareMemcgs, -1),
 	})
 	if err != nil {
 		return nil, nil, err

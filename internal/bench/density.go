@@ -76,7 +76,12 @@ type densityRow struct {
 	// create and exec figures (on a full machine the kernel's process
 	// bookkeeping, and anything else that scans the process table, is
 	// slower for everyone).
-	forkExec     stats
+	forkExec stats
+	// cpuPerSingle is the machine's CPU time (all processes and the
+	// kernel's workers; see busyCPU) during the singles, per single: the
+	// work a create → exec → destroy costs the node, which unlike its
+	// latency the hypervisor's steal does not inflate.
+	cpuPerSingle time.Duration
 	runcMeasured bool
 	runErr       error
 }
@@ -146,14 +151,15 @@ func Density(ctx context.Context, cfg DensityConfig) (err error) {
 
 	var rows []densityRow
 	header := func() {
-		fmt.Fprintf(w, "%6s %9s %19s %17s %9s %9s %9s %9s %9s %8s %8s %9s %9s %17s\n",
-			"live", "batch/s", "create→exec p50/99", "warm exec p50/99", "fork+exec", "host/sbx", "kern/sbx", "memcg", "agent PSS",
+		fmt.Fprintf(w, "%6s %9s %19s %10s %17s %9s %9s %9s %9s %9s %8s %8s %9s %9s %17s\n",
+			"live", "batch/s", "create→exec p50/99", "cpu/single", "warm exec p50/99", "fork+exec", "host/sbx", "kern/sbx", "memcg", "agent PSS",
 			"host mnt", "node mnt", "server", "edge", "runc run p50/99")
 	}
 	fmt.Fprintf(w, "host/sbx: fall of MemAvailable per live sandbox (the whole machine's); kern/sbx: rise of unreclaimable kernel\n"+
 		"memory (SUnreclaim+KernelStack+PageTables+Percpu) per live sandbox; memcg: a sandbox's memory cgroup charge\n"+
 		"(its processes and the kernel memory made for them), mean of up to 8; agent PSS: the same sandboxes' processes;\n"+
-		"fork+exec: p50 of /bin/true run by the bench itself, the machine's own cost of a process (a control)\n\n")
+		"fork+exec: p50 of /bin/true run by the bench itself, the machine's own cost of a process (a control);\n"+
+		"cpu/single: the machine's CPU time (all of it, kernel workers too) during the singles, per create→exec→destroy\n\n")
 	header()
 	for len(live) < max {
 		n := min(cfg.Step, max-len(live))
@@ -262,6 +268,7 @@ func Density(ctx context.Context, cfg DensityConfig) (err error) {
 // is, and reads the agents' memory.
 func densityMeasure(ctx context.Context, cfg DensityConfig, spec *api.CreateSandboxRequest, live []string, made map[string]bool, row *densityRow) error {
 	var firsts, creates, execs []time.Duration
+	busy0, cpuErr := busyCPU()
 	for i := range cfg.Singles {
 		if i > 0 && cfg.Pause > 0 {
 			select {
@@ -288,6 +295,10 @@ func densityMeasure(ctx context.Context, cfg DensityConfig, spec *api.CreateSand
 		}
 	}
 	row.first, row.create, row.firstExec = summarize(firsts), summarize(creates), summarize(execs)
+	if busy1, err := busyCPU(); err == nil && cpuErr == nil && cfg.Singles > 0 {
+		// USER_HZ is 100 on every Linux architecture dsec runs on.
+		row.cpuPerSingle = time.Duration(busy1-busy0) * 10 * time.Millisecond / time.Duration(cfg.Singles)
+	}
 	var forks []time.Duration
 	for range max(cfg.Singles, 20) {
 		t0 := time.Now()
@@ -344,8 +355,8 @@ func printDensityRow(w io.Writer, r densityRow, oneProcess bool) {
 	if oneProcess {
 		edge = "(same)"
 	}
-	fmt.Fprintf(w, "%6d %9.1f %19s %17s %9s %9s %9s %9s %9s %8d %8d %9s %9s %17s\n",
-		r.live, r.batchRate, pair(r.first), pair(r.warm), ms(r.forkExec.p50), mibs(int64(r.hostKBPerSandbox*1024)), mibs(int64(r.kernelKBPerSandbox*1024)),
+	fmt.Fprintf(w, "%6d %9.1f %19s %10s %17s %9s %9s %9s %9s %9s %8d %8d %9s %9s %17s\n",
+		r.live, r.batchRate, pair(r.first), ms(r.cpuPerSingle), pair(r.warm), ms(r.forkExec.p50), mibs(int64(r.hostKBPerSandbox*1024)), mibs(int64(r.kernelKBPerSandbox*1024)),
 		mibs(r.memcgKB<<10), mibs(r.agentPSSKB<<10),
 		r.hostMounts, r.nodeMounts, mb(r.serverKB<<10), edge, runc)
 }
@@ -365,6 +376,7 @@ func densitySummary(w io.Writer, rows []densityRow) {
 	fmt.Fprintf(w, "  create→first exec p50:      %s (the create alone %s → %s, %s; its first exec %s → %s, %s)\n",
 		ratio(last.first.p50, first.first.p50), ms(first.create.p50), ms(last.create.p50), ratio(last.create.p50, first.create.p50),
 		ms(first.firstExec.p50), ms(last.firstExec.p50), ratio(last.firstExec.p50, first.firstExec.p50))
+	fmt.Fprintf(w, "  host CPU per single:        %s (%s → %s)\n", ratio(last.cpuPerSingle, first.cpuPerSingle), ms(first.cpuPerSingle), ms(last.cpuPerSingle))
 	fmt.Fprintf(w, "  warm exec p50:              %s\n", ratio(last.warm.p50, first.warm.p50))
 	fmt.Fprintf(w, "  fork+exec p50 (control):    %s\n", ratio(last.forkExec.p50, first.forkExec.p50))
 	if last.containers > last.live {

@@ -32,6 +32,30 @@ func memAvailableKB() (int64, error) {
 	return 0, fmt.Errorf("no MemAvailable in /proc/meminfo")
 }
 
+// busyCPU is the CPU time the whole machine has spent working (user,
+// nice, system, irq and softirq in /proc/stat; idle, I/O wait and time
+// stolen by the hypervisor are not work), in clock ticks.
+func busyCPU() (int64, error) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, err
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 8 || f[0] != "cpu" {
+		return 0, fmt.Errorf("malformed /proc/stat: %q", line)
+	}
+	var sum int64
+	for _, i := range []int{1, 2, 3, 6, 7} {
+		n, err := strconv.ParseInt(f[i], 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("malformed /proc/stat: %q", line)
+		}
+		sum += n
+	}
+	return sum, nil
+}
+
 // mountCount is the number of mounts in pid's mount namespace.
 func mountCount(pid int) int {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", pid))
@@ -130,7 +154,8 @@ func subdirs(dir string) int {
 	}
 	n := 0
 	for _, e := range entries {
-		if e.IsDir() {
+		// The container backend's spare memory cgroups hold no container.
+		if e.IsDir() && !strings.HasPrefix(e.Name(), "spare-") {
 			n++
 		}
 	}

@@ -61,8 +61,12 @@ type Config struct {
 	// Network, if set, gives sandboxes network modes allowlist and open.
 	Network *NetworkConfig
 	// Pool, if Max > 0, keeps blank sandboxes for creates to claim.
-	Pool   PoolConfig
-	Logger *slog.Logger
+	Pool PoolConfig
+	// SpareMemcgs bounds how many emptied memory cgroups of stopped
+	// containers are kept for the next ones (spares); 64 by default,
+	// negative: none.
+	SpareMemcgs int
+	Logger      *slog.Logger
 }
 
 // defaultDiskMB is the writable layer's size when the spec says nothing.
@@ -129,6 +133,9 @@ func New(cfg Config) (*Backend, error) {
 	if cfg.UIDBase == 0 {
 		cfg.UIDBase = 1 << 24
 	}
+	if cfg.SpareMemcgs == 0 {
+		cfg.SpareMemcgs = 64
+	}
 	if cfg.MaxSandboxes <= 0 {
 		cfg.MaxSandboxes = 16384
 	}
@@ -153,7 +160,7 @@ func New(cfg Config) (*Backend, error) {
 	}
 	b := &Backend{
 		cfg:       cfg,
-		runc:      runc{bin: cfg.Runc, root: filepath.Join(cfg.Root, "runc"), log: cfg.Logger},
+		runc:      runc{bin: cfg.Runc, root: filepath.Join(cfg.Root, "runc"), log: cfg.Logger, spares: newSpares(cfg.CgroupParent, cfg.SpareMemcgs)},
 		layers:    layers,
 		disks:     disks,
 		log:       cfg.Logger.With("backend", api.BackendContainer),
@@ -584,6 +591,7 @@ func (b *Backend) State(ctx context.Context, id string) (string, error) {
 // the next start makes it again).
 func (b *Backend) Close() error {
 	b.drainPool()
+	b.runc.spares.removeAll()
 	dirs, _ := filepath.Glob(filepath.Join(cgroupRoot, "*", b.cfg.CgroupParent))
 	for _, d := range append(dirs, filepath.Join(cgroupRoot, b.cfg.CgroupParent)) {
 		unix.Rmdir(d) // EBUSY: sandboxes live on; ENOENT/ENOTDIR: none here

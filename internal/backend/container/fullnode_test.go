@@ -224,10 +224,22 @@ func leaks(t *testing.T, b *Backend, root, cgroupParent string) []string {
 	}
 	cgroups, _ := filepath.Glob("/sys/fs/cgroup/*/" + cgroupParent + "/*")
 	more, _ := filepath.Glob("/sys/fs/cgroup/" + cgroupParent + "/*")
+	spares := 0
 	for _, cg := range append(cgroups, more...) {
 		if st, err := os.Stat(cg); err == nil && st.IsDir() {
+			// An open backend keeps emptied memory cgroups for its next
+			// containers; Close removes them.
+			if isSpare(filepath.Base(cg)) && b.startNS.fd >= 0 && filepath.Dir(cg) == b.runc.spares.dir {
+				if procs, err := os.ReadFile(filepath.Join(cg, "cgroup.procs")); err == nil && len(procs) == 0 {
+					spares++
+					continue
+				}
+			}
 			out = append(out, "cgroup "+cg)
 		}
+	}
+	if spares > b.cfg.SpareMemcgs || spares != b.runc.spares.len() {
+		out = append(out, fmt.Sprintf("%d spare memory cgroups, the backend keeps %d (at most %d)", spares, b.runc.spares.len(), b.cfg.SpareMemcgs))
 	}
 	procs, _ := filepath.Glob("/proc/[0-9]*/cgroup")
 	for _, p := range procs {

@@ -29,10 +29,18 @@ import (
 // parent, removed again at the end of the test.
 func newTestBackend(t *testing.T, pool PoolConfig) (*Backend, string, string) {
 	t.Helper()
+	return newTestBackendConfig(t, Config{Pool: pool})
+}
+
+// newTestBackendConfig is newTestBackend with more of the configuration:
+// root, agent and cgroup parent are the test's.
+func newTestBackendConfig(t *testing.T, cfg Config) (*Backend, string, string) {
+	t.Helper()
 	root := t.TempDir()
 	// Two backends of one test (TestPoolMatchesCold) have two parents.
 	parent := "dsec-test-" + filepath.Base(filepath.Dir(root)) + "-" + filepath.Base(root)
-	b, err := New(Config{Root: root, AgentPath: filepath.Join(testutil.Binaries(t), "dsec-agent"), CgroupParent: parent, Pool: pool})
+	cfg.Root, cfg.AgentPath, cfg.CgroupParent = root, filepath.Join(testutil.Binaries(t), "dsec-agent"), parent
+	b, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

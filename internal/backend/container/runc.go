@@ -24,6 +24,8 @@ type runc struct {
 	bin  string
 	root string
 	log  *slog.Logger
+	// spares are memory cgroups kept for the next containers; nil: none.
+	spares *spares
 }
 
 // runState is the part of `runc state` we read.
@@ -42,9 +44,10 @@ func (r runc) command(ctx context.Context, args ...string) *exec.Cmd {
 
 // run starts a detached container whose init inherits listener as fd 3 and
 // writes its stdio to log, from a copy of ns with root attached at
-// <bundle>/rootfs.
+// <bundle>/rootfs. Its memory cgroup is a spare if there is one.
 func (r runc) run(ctx context.Context, ns *startNS, root int, id, bundle string, listener, log *os.File, background bool) error {
 	runcLog := bundle + "/runc.log"
+	r.spares.take(id)
 	cmd := r.command(ctx, "--log", runcLog, "--log-format", "json",
 		"run", "--detach", "--preserve-fds", "1", "--bundle", bundle, id)
 	cmd.ExtraFiles = []*os.File{listener}
@@ -102,7 +105,7 @@ func (r runc) delete(ctx context.Context, id string) error {
 		t0 := time.Now()
 		if err = r.stop(ctx, id, st); err == nil {
 			t1 := time.Now()
-			if err = removeCgroups(st.CgroupPaths); err == nil {
+			if err = r.removeCgroups(st.CgroupPaths); err == nil {
 				t2 := time.Now()
 				if err = os.RemoveAll(filepath.Join(r.root, id)); err == nil {
 					r.log.DebugContext(ctx, "runc: delete steps", "sandbox", id, "kill_and_exit", t1.Sub(t0), "cgroups", t2.Sub(t1), "state", time.Since(t2))

@@ -84,7 +84,8 @@ func thaw(paths map[string]string) {
 // removeCgroups removes a stopped container's cgroups, retrying while the
 // last processes of its PID namespace finish exiting. The commands' cpu
 // cgroup (cmdCgroup) goes first: a cgroup with a child cannot be removed.
-func removeCgroups(paths map[string]string) error {
+// Its memory cgroup, once empty, goes to the spares if they take it.
+func (r runc) removeCgroups(paths map[string]string) error {
 	deadline := time.Now().Add(5 * time.Second)
 	var dirs []string
 	for _, dir := range paths {
@@ -92,6 +93,9 @@ func removeCgroups(paths map[string]string) error {
 	}
 	for _, dir := range dirs {
 		for {
+			if dir == paths["memory"] && r.spares.put(dir) {
+				break
+			}
 			err := unix.Rmdir(dir)
 			if err == nil || errors.Is(err, unix.ENOENT) {
 				break

@@ -1,0 +1,155 @@
+package container
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/backend"
+	"github.com/dsec-project/dsec/internal/backend/backendtest"
+	"github.com/dsec-project/dsec/internal/testutil"
+)
+
+// TestSpareMemoryCgroups: a destroyed sandbox's memory cgroup is kept, up
+// to the configured number, and the next sandbox starts in it — with its
+// own limits, nothing of the last tenant's memory charged to it, and its
+// peak and failure counters cleared, outside and as seen from inside.
+// The spares beyond the bound are removed, and Close removes the rest.
+func TestSpareMemoryCgroups(t *testing.T) {
+	testutil.Require(t, testutil.Root, testutil.Tool("runc"), testutil.File("/bin/busybox"), testutil.Tool("mkfs.erofs"),
+		testutil.File("/sys/fs/cgroup/memory/memory.force_empty"))
+	ctx := context.Background()
+	base := backendtest.MinimalLayer(t, t.TempDir())
+	b, root, parent := newTestBackendConfig(t, Config{SpareMemcgs: 2})
+	memParent := filepath.Join("/sys/fs/cgroup/memory", parent)
+	spec := func(id string, memMB int64) backend.Spec {
+		return backend.Spec{ID: id, Backend: api.BackendContainer, Layers: []backend.Layer{base},
+			Resources: api.Resources{CPU: 0.5, MemoryMB: memMB, DiskMB: 256}, Network: api.Network{Mode: api.NetworkNone}}
+	}
+	ino := func(dir string) uint64 {
+		t.Helper()
+		var st syscall.Stat_t
+		if err := syscall.Stat(dir, &st); err != nil {
+			t.Fatal(err)
+		}
+		return st.Ino
+	}
+	num := func(path string) int64 {
+		t.Helper()
+		n, err := strconv.ParseInt(readTrim(t, path), 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	spareNames := func() []string {
+		t.Helper()
+		var out []string
+		entries, err := os.ReadDir(memParent)
+		if err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+		for _, e := range entries {
+			if e.IsDir() && isSpare(e.Name()) {
+				out = append(out, e.Name())
+				if procs := readTrim(t, filepath.Join(memParent, e.Name(), "cgroup.procs")); procs != "" {
+					t.Errorf("spare %s holds processes %s", e.Name(), procs)
+				}
+			}
+		}
+		return out
+	}
+
+	// The first tenant fills its 64 MiB with page cache.
+	if err := b.Create(ctx, spec("sp-a", 64)); err != nil {
+		t.Fatal(err)
+	}
+	if out := shell(t, b, "sp-a", "dd if=/dev/zero of=/f bs=1M count=160 2>/dev/null && sync && echo ok"); out != "ok\n" {
+		t.Fatalf("dd: %q", out)
+	}
+	dirA := filepath.Join(memParent, "sp-a")
+	inoA := ino(dirA)
+	if n := num(filepath.Join(dirA, "memory.max_usage_in_bytes")); n < 48<<20 {
+		t.Fatalf("the first tenant's peak is %d bytes, not near its limit", n)
+	}
+	if err := b.Destroy(ctx, "sp-a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dirA); !os.IsNotExist(err) {
+		t.Fatalf("the destroyed sandbox's memory cgroup is still named for it: %v", err)
+	}
+	if got := spareNames(); len(got) != 1 || b.runc.spares.len() != 1 {
+		t.Fatalf("spares after a destroy: %v (backend keeps %d), want 1", got, b.runc.spares.len())
+	}
+
+	// The next sandbox starts in it.
+	if err := b.Create(ctx, spec("sp-b", 32)); err != nil {
+		t.Fatal(err)
+	}
+	dirB := filepath.Join(memParent, "sp-b")
+	if ino(dirB) != inoA {
+		t.Fatal("the second sandbox did not get the spare memory cgroup")
+	}
+	if got := spareNames(); len(got) != 0 {
+		t.Errorf("spares left after a create took one: %v", got)
+	}
+	const limit = 32 << 20
+	for _, f := range []string{"memory.limit_in_bytes", "memory.memsw.limit_in_bytes"} {
+		if _, err := os.Stat(filepath.Join(dirB, f)); err == nil {
+			if n := num(filepath.Join(dirB, f)); n != limit {
+				t.Errorf("%s = %d, want %d", f, n, limit)
+			}
+		}
+	}
+	if n := num(filepath.Join(dirB, "memory.failcnt")); n != 0 {
+		t.Errorf("the second tenant inherits %d failures", n)
+	}
+	// The agent and the first command charge a few MiB; the last tenant's
+	// 64 MiB of page cache must not be among them.
+	if n := num(filepath.Join(dirB, "memory.max_usage_in_bytes")); n > 16<<20 {
+		t.Errorf("the second tenant's peak is %d bytes: the last tenant's", n)
+	}
+	inside := shell(t, b, "sp-b", "cat /sys/fs/cgroup/memory/memory.limit_in_bytes /sys/fs/cgroup/memory/memory.failcnt; ls /f 2>&1 >/dev/null | wc -l")
+	if want := strconv.Itoa(limit) + "\n0\n1\n"; inside != want {
+		t.Errorf("inside the second sandbox: %q, want %q", inside, want)
+	}
+
+	// At most SpareMemcgs are kept.
+	for _, id := range []string{"sp-c", "sp-d"} {
+		if err := b.Create(ctx, spec(id, 16)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, id := range []string{"sp-b", "sp-c", "sp-d"} {
+		if err := b.Destroy(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := spareNames(); len(got) != 2 || b.runc.spares.len() != 2 {
+		t.Errorf("spares after three destroys: %v (backend keeps %d), want 2", got, b.runc.spares.len())
+	}
+	for _, leak := range leaks(t, b, root, parent) {
+		t.Error("leaked:", leak)
+	}
+	b.Close()
+	if got := spareNames(); len(got) != 0 {
+		t.Errorf("spares left after Close: %v", got)
+	}
+	for _, leak := range leaks(t, b, root, parent) {
+		t.Error("leaked after Close:", leak)
+	}
+}
+
+func readTrim(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
+}
