@@ -156,7 +156,33 @@ func (b *Backend) Recover(ctx context.Context) ([]backend.Spec, error) {
 		}
 	}
 	b.pruneRuntimes(runtimes)
+	b.sweepCgroups(ctx, known)
 	return specs, nil
+}
+
+// sweepCgroups removes the cgroups of blank sandboxes of an earlier edge
+// that are still under the backend's parent: what a runc killed half way
+// through a blank's start (before it wrote its state) left behind. Only
+// blanks' (the parent may hold other backends' cgroups too), and only
+// empty ones.
+func (b *Backend) sweepCgroups(ctx context.Context, known map[string]bool) {
+	dirs, _ := filepath.Glob(filepath.Join(cgroupRoot, "*", b.cfg.CgroupParent))
+	for _, parent := range append(dirs, filepath.Join(cgroupRoot, b.cfg.CgroupParent)) {
+		entries, _ := os.ReadDir(parent)
+		for _, e := range entries {
+			id := e.Name()
+			if !e.IsDir() || !strings.HasPrefix(id, poolPrefix) || known[id] || b.ownsBlank(id) {
+				continue
+			}
+			dir := filepath.Join(parent, id)
+			unix.Rmdir(filepath.Join(dir, cmdCgroup))
+			if err := unix.Rmdir(dir); err != nil {
+				b.log.WarnContext(ctx, "recover: a cgroup of no sandbox is left", "cgroup", dir, "err", err)
+				continue
+			}
+			b.log.InfoContext(ctx, "recover: removed a cgroup of no sandbox", "cgroup", dir)
+		}
+	}
 }
 
 // recoverLayers hands the layer pool the mounts the adopted sandboxes use

@@ -3,6 +3,7 @@ package container
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -47,6 +48,12 @@ func TestSpareMemoryCgroups(t *testing.T) {
 		}
 		return n
 	}
+	// A test that fails half way still takes its sandboxes down.
+	t.Cleanup(func() {
+		for _, id := range []string{"sp-a", "sp-b", "sp-c", "sp-d"} {
+			b.Destroy(context.Background(), id)
+		}
+	})
 	spareNames := func() []string {
 		t.Helper()
 		var out []string
@@ -152,4 +159,74 @@ func readTrim(t *testing.T, path string) string {
 		t.Fatal(err)
 	}
 	return strings.TrimSpace(string(b))
+}
+
+// TestRecoverSweepsBlankCgroups: the cgroups a blank sandbox's start left
+// when it was killed half way (runc had made them, not yet its state) are
+// removed by the next edge's recovery — in every hierarchy, the commands'
+// child too — while a live sandbox's cgroups, and a blank's that still
+// holds a process, stay.
+func TestRecoverSweepsBlankCgroups(t *testing.T) {
+	testutil.Require(t, testutil.Root, testutil.Tool("runc"), testutil.File("/bin/busybox"), testutil.Tool("mkfs.erofs"))
+	ctx := context.Background()
+	base := backendtest.MinimalLayer(t, t.TempDir())
+	b, _, parent := newTestBackend(t, PoolConfig{})
+	spec := backend.Spec{ID: "sw-live", Backend: api.BackendContainer, Layers: []backend.Layer{base},
+		Resources: api.Resources{CPU: 0.5, MemoryMB: 32, DiskMB: 16}, Network: api.Network{Mode: api.NetworkNone}}
+	if err := b.Create(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Destroy(context.Background(), spec.ID) })
+	st, err := b.runc.readState(spec.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dead []string
+	for _, dir := range st.CgroupPaths {
+		d := filepath.Join(filepath.Dir(dir), "pool-dead")
+		if err := os.MkdirAll(filepath.Join(d, cmdCgroup), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		dead = append(dead, d)
+		t.Cleanup(func() { os.Remove(filepath.Join(d, cmdCgroup)); os.Remove(d) })
+	}
+	busy := filepath.Join("/sys/fs/cgroup/pids", parent, "pool-busy")
+	if err := os.Mkdir(busy, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sleeper := exec.Command("sleep", "600")
+	if err := sleeper.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		sleeper.Process.Kill()
+		sleeper.Wait()
+		os.Remove(busy)
+	})
+	if err := os.WriteFile(filepath.Join(busy, "cgroup.procs"), []byte(strconv.Itoa(sleeper.Process.Pid)), 0); err != nil {
+		t.Fatal(err)
+	}
+
+	if _, err := b.Recover(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range dead {
+		if _, err := os.Stat(d); !os.IsNotExist(err) {
+			t.Errorf("a dead blank's cgroup %s is left: %v", d, err)
+		}
+	}
+	if _, err := os.Stat(busy); err != nil {
+		t.Errorf("a blank cgroup that holds a process was removed: %v", err)
+	}
+	for _, dir := range st.CgroupPaths {
+		if _, err := os.Stat(dir); err != nil {
+			t.Errorf("the live sandbox's cgroup: %v", err)
+		}
+	}
+	if out := shell(t, b, spec.ID, "echo alive"); out != "alive\n" {
+		t.Errorf("live sandbox after recovery: %q", out)
+	}
+	if err := b.Destroy(ctx, spec.ID); err != nil {
+		t.Fatal(err)
+	}
 }
