@@ -785,8 +785,11 @@ func (s *chaosServer) leaks() []string {
 	more, _ := filepath.Glob("/sys/fs/cgroup/*/" + s.parent + "/*")
 	for _, d := range append(cgs, more...) {
 		if st, err := os.Stat(d); err == nil && st.IsDir() {
-			out = append(out, "cgroup "+d)
 			procs, _ := os.ReadFile(filepath.Join(d, "cgroup.procs"))
+			if strings.HasPrefix(filepath.Base(d), "spare-") && len(procs) == 0 {
+				continue // an emptied memory cgroup the node keeps for its next containers
+			}
+			out = append(out, "cgroup "+d)
 			for _, p := range strings.Fields(string(procs)) {
 				out = append(out, "process "+p+" in "+d)
 			}

@@ -97,14 +97,15 @@ func (e *edgeProc) kill() {
 }
 
 // leaks lists what the edge's sandboxes left on the node.
-// The blank sandboxes of its pool are the node's while it runs
-// (testutil.WithoutBlanks); once it has stopped they count.
+// The blank sandboxes of its pool and its spare memory cgroups are the
+// node's while it runs (testutil.WithoutBlanks, WithoutSpares); once it
+// has stopped they count.
 func (e *edgeProc) leaks() (out []string) {
 	defer func() {
 		select {
 		case <-e.done:
 		default:
-			out = testutil.WithoutBlanks(out, filepath.Join(e.data, "container"))
+			out = testutil.WithoutSpares(testutil.WithoutBlanks(out, filepath.Join(e.data, "container")))
 		}
 	}()
 	entries, _ := os.ReadDir(filepath.Join(e.data, "container", "sandboxes"))

@@ -14,9 +14,10 @@ import (
 // devices on its files, runc containers, cgroups under the server's cgroup
 // parent, and processes in those cgroups. Empty means clean.
 //
-// While the server runs, the blank sandboxes of its node's pool are the
-// node's, not a sandbox's, and are not counted (WithoutBlanks); once it has
-// stopped they are, so a stopped server must have drained its pool.
+// While the server runs, the blank sandboxes of its node's pool and its
+// spare memory cgroups are the node's, not a sandbox's, and are not
+// counted (WithoutBlanks, WithoutSpares); once it has stopped they are, so
+// a stopped server must have drained its pool and removed its spares.
 func (s *Server) SandboxLeaks() []string {
 	var leaks []string
 	sbDir := filepath.Join(s.DataDir, "edge", "container", "sandboxes")
@@ -70,13 +71,33 @@ func (s *Server) SandboxLeaks() []string {
 	case <-s.done:
 		return leaks
 	default:
-		return WithoutBlanks(leaks, filepath.Join(s.DataDir, "edge", "container"))
+		return WithoutSpares(WithoutBlanks(leaks, filepath.Join(s.DataDir, "edge", "container")))
 	}
 }
 
 // BlankPrefix names the blank sandboxes of a node's pool of containers
 // (see internal/backend/container/pool.go).
 const BlankPrefix = "pool-"
+
+// SparePrefix names the emptied memory cgroups a node's container backend
+// keeps for its next containers (see internal/backend/container/spare.go).
+const SparePrefix = "spare-"
+
+// WithoutSpares drops from leaks the cgroups a running edge keeps as
+// spares: named SparePrefix… and holding no process. Once the edge has
+// stopped they count: Close removes them.
+func WithoutSpares(leaks []string) []string {
+	var out []string
+	for _, l := range leaks {
+		if dir, ok := strings.CutPrefix(l, "cgroup "); ok && strings.HasPrefix(filepath.Base(dir), SparePrefix) {
+			if procs, err := os.ReadFile(filepath.Join(dir, "cgroup.procs")); err == nil && len(procs) == 0 {
+				continue
+			}
+		}
+		out = append(out, l)
+	}
+	return out
+}
 
 // WithoutBlanks drops from leaks (lines ending in a path or id) those of
 // the blank sandboxes a running edge keeps ready in its pool, whose
