@@ -3,6 +3,7 @@ package container
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -34,8 +35,10 @@ func (r runc) waitStray(ctx context.Context, timeout time.Duration) (waited bool
 	}
 }
 
-// stray lists the processes of runc commands on this state root, other
-// than this process.
+// stray lists the processes of runc commands on this state root that are
+// not this process's own: the pool starts blanks from the moment the
+// backend is made, and its runc commands, children of this process, are
+// not a previous edge's.
 func (r runc) stray() []int {
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
@@ -58,10 +61,29 @@ func (r runc) stray() []int {
 		}
 		for i := 1; i+1 < len(args); i++ {
 			if string(args[i]) == "--root" && string(args[i+1]) == r.root {
-				pids = append(pids, pid)
+				if ppid, err := parentPid(pid); err == nil && ppid != self {
+					pids = append(pids, pid)
+				}
 				break
 			}
 		}
 	}
 	return pids
+}
+
+// parentPid is field 4 of /proc/PID/stat.
+func parentPid(pid int) (int, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	i := bytes.LastIndexByte(b, ')') // the command may contain spaces
+	if i < 0 {
+		return 0, errors.New("malformed stat")
+	}
+	f := bytes.Fields(b[i+1:])
+	if len(f) < 2 {
+		return 0, errors.New("malformed stat")
+	}
+	return strconv.Atoi(string(f[1]))
 }
