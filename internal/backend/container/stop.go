@@ -112,20 +112,30 @@ func (r runc) removeCgroups(paths map[string]string) error {
 // processStart is field 22 of /proc/PID/stat: the start time in clock
 // ticks, which runc records as init_process_start.
 func processStart(pid int) (uint64, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	v, err := statField(pid, 22)
 	if err != nil {
 		return 0, err
+	}
+	return strconv.ParseUint(v, 10, 64)
+}
+
+// statField returns field n (counted from 1, as in proc(5)) of
+// /proc/PID/stat, for a field after the command's name.
+func statField(pid, n int) (string, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return "", err
 	}
 	s := string(b)
 	i := strings.LastIndexByte(s, ')') // the command may contain spaces
 	if i < 0 {
-		return 0, errors.New("malformed stat")
+		return "", errors.New("malformed stat")
 	}
-	f := strings.Fields(s[i+1:])
-	if len(f) < 20 {
-		return 0, errors.New("malformed stat")
+	f := strings.Fields(s[i+1:]) // from field 3 on
+	if n < 3 || len(f) < n-2 {
+		return "", errors.New("malformed stat")
 	}
-	return strconv.ParseUint(f[19], 10, 64)
+	return f[n-3], nil
 }
 
 // protectAgent makes the agent the sandbox's last choice for the OOM

@@ -3,7 +3,6 @@ package container
 import (
 	"bytes"
 	"context"
-	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -73,17 +72,9 @@ func (r runc) stray() []int {
 
 // parentPid is field 4 of /proc/PID/stat.
 func parentPid(pid int) (int, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	v, err := statField(pid, 4)
 	if err != nil {
 		return 0, err
 	}
-	i := bytes.LastIndexByte(b, ')') // the command may contain spaces
-	if i < 0 {
-		return 0, errors.New("malformed stat")
-	}
-	f := bytes.Fields(b[i+1:])
-	if len(f) < 2 {
-		return 0, errors.New("malformed stat")
-	}
-	return strconv.Atoi(string(f[1]))
+	return strconv.Atoi(v)
 }
