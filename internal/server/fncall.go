@@ -256,6 +256,8 @@ func poolGuard(sb store.Sandbox) error {
 
 // destroyStalePools destroys the pool sandboxes a previous run of the
 // server left: pools live in memory, so after a restart nobody owns them.
+// It runs while the server already serves: a pool sandbox this run
+// created (its first call came in first) is not stale.
 func (s *Server) destroyStalePools(ctx context.Context) {
 	f := store.SandboxFilter{AllTenants: true, Limit: 1000,
 		States: []string{api.StateCreating, api.StateRunning, api.StatePaused}}
@@ -267,7 +269,7 @@ func (s *Server) destroyStalePools(ctx context.Context) {
 			return
 		}
 		for _, sb := range page {
-			if sb.API.Labels[api.LabelFnCallPool] != "" {
+			if sb.API.Labels[api.LabelFnCallPool] != "" && sb.API.CreatedAt.Before(s.started) {
 				stale = append(stale, sb)
 			}
 		}

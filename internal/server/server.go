@@ -149,6 +149,10 @@ type Server struct {
 
 	// admission holds creates waiting for busy nodes (admission.go).
 	admission *admission.Queue
+
+	// started is when New made the server: pool sandboxes created
+	// before it are a previous run's (destroyStalePools).
+	started time.Time
 }
 
 // New returns a control plane over cfg.Store.
@@ -201,6 +205,7 @@ func New(cfg Config) *Server {
 	}
 	routes := newRoutes()
 	s := &Server{
+		started: time.Now().UTC(),
 		urlKey:  cfg.URLSigningKey,
 		cfg:     cfg,
 		store:   routeStore{Store: cfg.Store, routes: routes},

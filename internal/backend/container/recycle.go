@@ -43,30 +43,44 @@ func (b *Backend) Recycle(ctx context.Context, id string) (bool, error) {
 	if _, err := b.get(id); err != nil {
 		return false, err
 	}
-	if b.untouched(id) {
+	why := b.changed(id)
+	if why == "" {
 		return false, nil
 	}
+	b.log.DebugContext(ctx, "recycle: resetting", "sandbox", id, "why", why)
 	if err := b.Reset(ctx, id); err != nil {
 		return true, err
 	}
 	return true, nil
 }
 
-func (b *Backend) untouched(id string) bool {
+// changed says what changed in the sandbox since its baseline, or "".
+func (b *Backend) changed(id string) string {
 	v, ok := baselines.Load(b.dir(id))
 	if !ok {
-		return false
+		return "no baseline"
 	}
 	base := v.(baseline)
 	st, err := b.runc.readState(id)
-	if err != nil || st.InitPid != base.initPid || st.InitStart != base.initStart {
-		return false
+	if err != nil {
+		return "runc state: " + err.Error()
 	}
-	if only, err := onlyInit(st); err != nil || !only {
-		return false
+	if st.InitPid != base.initPid || st.InitStart != base.initStart {
+		return "another init"
+	}
+	if only, err := onlyInit(st); err != nil {
+		return "processes: " + err.Error()
+	} else if !only {
+		return "processes besides init"
 	}
 	sum, err := b.fingerprint(id, st)
-	return err == nil && sum == base.sum
+	if err != nil {
+		return "fingerprint: " + err.Error()
+	}
+	if sum != base.sum {
+		return "files or ipc"
+	}
+	return ""
 }
 
 // recordBaseline fingerprints a sandbox whose container just started.
