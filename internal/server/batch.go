@@ -80,8 +80,8 @@ func (s *Server) createBatch(w http.ResponseWriter, r *http.Request) error {
 	if req.Backend == api.BackendFnCall {
 		return errdefs.Invalid("batch create of fncall sandboxes is not supported: use POST /v1/fncall or single creates")
 	}
-	if _, ok := req.Labels[api.LabelBatch]; ok {
-		return errdefs.Invalid("label %s is set by the server", api.LabelBatch)
+	if err := checkServerLabels(req.Labels); err != nil {
+		return err
 	}
 	if len(req.Labels) >= 64 {
 		return errdefs.Invalid("at most 63 labels in a batch (the server adds %s)", api.LabelBatch)

@@ -171,6 +171,9 @@ func (b *builder) fsStep(ctx context.Context, ss *stageState, key string,
 	return false, nil
 }
 
+// labelBuild marks a build's sandboxes: the build's id.
+const labelBuild = "dsec.build"
+
 // sandbox returns a build sandbox holding the stage's state now: the one
 // the stage's last step ran in, or a new one of its stack.
 func (b *builder) sandbox(ctx context.Context, ss *stageState) (*store.Sandbox, *node, error) {
@@ -178,7 +181,7 @@ func (b *builder) sandbox(ctx context.Context, ss *stageState) (*store.Sandbox, 
 		return ss.sb, ss.sbNode, nil
 	}
 	req := api.CreateSandboxRequest{Backend: api.BackendContainer, Layers: &api.LayerRefs{},
-		Network: &api.Network{Mode: b.network}, Labels: map[string]string{"dsec.build": b.id}}
+		Network: &api.Network{Mode: b.network}, Labels: map[string]string{labelBuild: b.id}}
 	if err := b.s.fillResources(&req.Resources); err != nil {
 		return nil, nil, err
 	}

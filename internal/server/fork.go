@@ -32,8 +32,20 @@ import (
 // forkLayerPrefix names fork layers: fork/<parent>:<fork id>.
 const forkLayerPrefix = "fork/"
 
-// serverLabels are set by the server on the sandboxes it makes.
-var serverLabels = []string{api.LabelBatch, api.LabelFork, api.LabelForkOf}
+// serverLabels are set by the server on the sandboxes it makes; a
+// request may not set them (a sandbox labelled as a pool's would be taken
+// for one: guarded from direct use, destroyed at the next restart).
+var serverLabels = []string{api.LabelBatch, api.LabelFork, api.LabelForkOf, api.LabelFnCallPool, labelBuild}
+
+// checkServerLabels refuses a request's labels that the server sets.
+func checkServerLabels(labels map[string]string) error {
+	for _, k := range serverLabels {
+		if _, ok := labels[k]; ok {
+			return errdefs.Invalid("label %s is set by the server", k)
+		}
+	}
+	return nil
+}
 
 func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) error {
 	var req api.ForkRequest
@@ -43,10 +55,8 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) error {
 	if req.Count < 1 || req.Count > api.MaxForkCount {
 		return errdefs.Invalid("count %d: want 1 to %d copies", req.Count, api.MaxForkCount)
 	}
-	for _, k := range serverLabels {
-		if _, ok := req.Labels[k]; ok {
-			return errdefs.Invalid("label %s is set by the server", k)
-		}
+	if err := checkServerLabels(req.Labels); err != nil {
+		return err
 	}
 	if req.TTLSeconds < 0 {
 		return errdefs.Invalid("ttl_seconds must not be negative")

@@ -168,6 +168,9 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err := httpapi.DecodeJSON(r, &req); err != nil {
 		return err
 	}
+	if err := checkServerLabels(req.Labels); err != nil {
+		return err
+	}
 	tenant := principalFrom(r.Context()).Tenant
 	p, err := s.validate(r.Context(), tenant, req)
 	if err != nil {
