@@ -74,16 +74,19 @@ const defaultDiskMB = 10240
 
 // Backend is the runc container backend.
 type Backend struct {
-	cfg     Config
-	runc    runc
-	layers  *mount.Layers
-	startNS *startNS // where runc starts containers
-	runtime string   // the lowest lower layer: the agent and mount points
-	disks   *disk.Templates
-	nets    netState
-	userns  usernsCache
-	pool    *pool // nil: off
-	log     *slog.Logger
+	cfg  Config
+	runc runc
+	// runcCopy is the sealed copy of runc that runc.exe executes; nil:
+	// none (sealedCopy).
+	runcCopy *os.File
+	layers   *mount.Layers
+	startNS  *startNS // where runc starts containers
+	runtime  string   // the lowest lower layer: the agent and mount points
+	disks    *disk.Templates
+	nets     netState
+	userns   usernsCache
+	pool     *pool // nil: off
+	log      *slog.Logger
 
 	mu        sync.Mutex
 	sandboxes map[string]*record
@@ -175,6 +178,11 @@ func New(cfg Config) (*Backend, error) {
 	runcPath, err := exec.LookPath(cfg.Runc)
 	if err != nil {
 		return nil, fmt.Errorf("container backend: %w", err)
+	}
+	if f, exe, err := sealedCopy(runcPath); err != nil {
+		b.log.Warn("runc copies itself at every start", "err", err)
+	} else {
+		b.runcCopy, b.runc.exe = f, exe
 	}
 	if b.startNS, err = newStartNS([]string{cfg.Root, runcPath, cfg.AgentPath}); err != nil {
 		return nil, fmt.Errorf("container backend: %w", err)
@@ -595,6 +603,9 @@ func (b *Backend) Close() error {
 	dirs, _ := filepath.Glob(filepath.Join(cgroupRoot, "*", b.cfg.CgroupParent))
 	for _, d := range append(dirs, filepath.Join(cgroupRoot, b.cfg.CgroupParent)) {
 		unix.Rmdir(d) // EBUSY: sandboxes live on; ENOENT/ENOTDIR: none here
+	}
+	if b.runcCopy != nil {
+		b.runcCopy.Close()
 	}
 	return b.startNS.Close()
 }

@@ -15,13 +15,18 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/dsec-project/dsec/internal/errdefs"
 )
 
 // runc drives the runc binary with its own state root, so that dsec's
 // containers never mix with anyone else's.
 type runc struct {
-	bin  string
+	bin  string // the name runc is given (and found by): its argv[0]
+	// exe is what is executed: a sealed copy of the binary (sealedCopy)
+	// or, without one, bin.
+	exe  string
 	root string
 	log  *slog.Logger
 	// spares are memory cgroups kept for the next containers; nil: none.
@@ -35,7 +40,12 @@ type runState struct {
 }
 
 func (r runc) command(ctx context.Context, args ...string) *exec.Cmd {
-	cmd := exec.CommandContext(ctx, r.bin, append([]string{"--root", r.root}, args...)...)
+	exe := r.exe
+	if exe == "" {
+		exe = r.bin
+	}
+	cmd := exec.CommandContext(ctx, exe, append([]string{"--root", r.root}, args...)...)
+	cmd.Args[0] = r.bin
 	// runc and the container it starts must not be in the edge's session:
 	// a ^C to the server must not reach sandboxes.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -162,4 +172,51 @@ func (r runc) list(ctx context.Context) ([]string, error) {
 		ids[i] = c.ID
 	}
 	return ids, nil
+}
+
+// runcSeals are the seals of the in-memory copy runc makes of itself; a
+// copy sealed with exactly these is one runc does not copy again.
+const runcSeals = unix.F_SEAL_SEAL | unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_WRITE
+
+// sealedCopy copies the binary at path into a sealed memfd and returns it
+// with the path that executes it, good while the file stays open.
+//
+// runc guards against CVE-2019-5736 (a container overwriting the host's
+// runc through /proc/self/exe) by copying its own binary (~9 MB) into a
+// sealed memfd and executing that again, at every container start, unless
+// it already runs from a sealed memfd: runc 1.1 in C (is_self_cloned),
+// 1.2 and later in Go (IsSelfExeCloned). Nothing can write to a sealed
+// memfd, so one copy made here serves every start with the same guarantee
+// and saves each of them the copy and an exec of runc. The copy costs its
+// size in memory once per backend.
+func sealedCopy(path string) (*os.File, string, error) {
+	src, err := os.Open(path)
+	if err != nil {
+		return nil, "", err
+	}
+	defer src.Close()
+	fd, err := unix.MemfdCreate("runc", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return nil, "", fmt.Errorf("memfd: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), "runc")
+	if _, err := f.ReadFrom(src); err != nil {
+		f.Close()
+		return nil, "", fmt.Errorf("copy %s: %w", path, err)
+	}
+	if err := f.Chmod(0o500); err != nil {
+		f.Close()
+		return nil, "", err
+	}
+	if _, err := unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, runcSeals); err != nil {
+		f.Close()
+		return nil, "", fmt.Errorf("seal: %w", err)
+	}
+	exe := fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), f.Fd())
+	// A host that forbids executing memfds (vm.memfd_noexec) refuses here.
+	if out, err := exec.Command(exe, "--version").CombinedOutput(); err != nil {
+		f.Close()
+		return nil, "", fmt.Errorf("run the copy: %w: %s", err, bytes.TrimSpace(out))
+	}
+	return f, exe, nil
 }
