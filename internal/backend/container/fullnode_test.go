@@ -42,6 +42,7 @@ func TestFullNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
+		destroyAll(b)
 		b.Close()
 		testutil.UnmountAll(root)
 		dirs, _ := filepath.Glob("/sys/fs/cgroup/*/" + cgroupParent)

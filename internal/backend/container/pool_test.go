@@ -45,6 +45,7 @@ func newTestBackendConfig(t *testing.T, cfg Config) (*Backend, string, string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
+		destroyAll(b)
 		b.Close()
 		testutil.UnmountAll(root)
 		dirs, _ := filepath.Glob("/sys/fs/cgroup/*/" + parent)
@@ -53,6 +54,20 @@ func newTestBackendConfig(t *testing.T, cfg Config) (*Backend, string, string) {
 		}
 	})
 	return b, root, parent
+}
+
+// destroyAll destroys the sandboxes a test left, as one that failed half
+// way does: Close leaves them running (an edge's sandboxes outlive it).
+func destroyAll(b *Backend) {
+	b.mu.Lock()
+	ids := make([]string, 0, len(b.sandboxes))
+	for id := range b.sandboxes {
+		ids = append(ids, id)
+	}
+	b.mu.Unlock()
+	for _, id := range ids {
+		b.Destroy(context.Background(), id)
+	}
 }
 
 // waitPool waits until the pool holds n blank sandboxes.
