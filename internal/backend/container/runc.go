@@ -23,7 +23,7 @@ import (
 // runc drives the runc binary with its own state root, so that dsec's
 // containers never mix with anyone else's.
 type runc struct {
-	bin  string // the name runc is given (and found by): its argv[0]
+	bin string // the name runc is given (and found by): its argv[0]
 	// exe is what is executed: a sealed copy of the binary (sealedCopy)
 	// or, without one, bin.
 	exe  string
