@@ -165,7 +165,19 @@ func (b *Backend) Recover(ctx context.Context) ([]backend.Spec, error) {
 // through a blank's start (before it wrote its state) left behind. Only
 // blanks' (the parent may hold other backends' cgroups too), and only
 // empty ones.
+//
+// A claimed blank's cgroup v2 directory keeps the blank's name (cgroup2
+// has no rename; see renameContainer): the cgroups of known sandboxes are
+// theirs whatever their names.
 func (b *Backend) sweepCgroups(ctx context.Context, known map[string]bool) {
+	inUse := map[string]bool{}
+	for id := range known {
+		if st, err := b.runc.readState(id); err == nil {
+			for _, dir := range st.CgroupPaths {
+				inUse[filepath.Clean(dir)] = true
+			}
+		}
+	}
 	dirs, _ := filepath.Glob(filepath.Join(cgroupRoot, "*", b.cfg.CgroupParent))
 	for _, parent := range append(dirs, filepath.Join(cgroupRoot, b.cfg.CgroupParent)) {
 		entries, _ := os.ReadDir(parent)
@@ -175,6 +187,9 @@ func (b *Backend) sweepCgroups(ctx context.Context, known map[string]bool) {
 				continue
 			}
 			dir := filepath.Join(parent, id)
+			if inUse[dir] {
+				continue
+			}
 			unix.Rmdir(filepath.Join(dir, cmdCgroup))
 			if err := unix.Rmdir(dir); err != nil {
 				b.log.WarnContext(ctx, "recover: a cgroup of no sandbox is left", "cgroup", dir, "err", err)

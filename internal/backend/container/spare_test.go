@@ -170,7 +170,8 @@ func TestRecoverSweepsBlankCgroups(t *testing.T) {
 	testutil.Require(t, testutil.Root, testutil.Tool("runc"), testutil.File("/bin/busybox"), testutil.Tool("mkfs.erofs"))
 	ctx := context.Background()
 	base := backendtest.MinimalLayer(t, t.TempDir())
-	b, _, parent := newTestBackend(t, PoolConfig{})
+	b, _, parent := newTestBackend(t, PoolConfig{Min: 1, Max: 1})
+	waitPool(t, b, 1)
 	spec := backend.Spec{ID: "sw-live", Backend: api.BackendContainer, Layers: []backend.Layer{base},
 		Resources: api.Resources{CPU: 0.5, MemoryMB: 32, DiskMB: 16}, Network: api.Network{Mode: api.NetworkNone}}
 	if err := b.Create(ctx, spec); err != nil {
@@ -180,6 +181,24 @@ func TestRecoverSweepsBlankCgroups(t *testing.T) {
 	st, err := b.runc.readState(spec.ID)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// The sandbox is a claimed blank: its cgroup v2 directory keeps the
+	// blank's name, and the sweep must know it is a live sandbox's (its
+	// commands' child, empty, is what the sweep would remove first).
+	claimed := 0
+	for _, dir := range st.CgroupPaths {
+		if strings.HasPrefix(filepath.Base(dir), poolPrefix) {
+			claimed++
+			child := filepath.Join(dir, cmdCgroup)
+			if err := os.Mkdir(child, 0o755); err == nil {
+				t.Cleanup(func() { os.Remove(child) })
+			} else if !os.IsExist(err) {
+				t.Fatal(err)
+			}
+		}
+	}
+	if claimed == 0 && testutil.InCI() {
+		t.Fatalf("no cgroup of the claimed sandbox keeps a blank's name (no cgroup v2 hierarchy?): %v", st.CgroupPaths)
 	}
 	var dead []string
 	for _, dir := range st.CgroupPaths {
@@ -221,6 +240,11 @@ func TestRecoverSweepsBlankCgroups(t *testing.T) {
 	for _, dir := range st.CgroupPaths {
 		if _, err := os.Stat(dir); err != nil {
 			t.Errorf("the live sandbox's cgroup: %v", err)
+		}
+		if strings.HasPrefix(filepath.Base(dir), poolPrefix) {
+			if _, err := os.Stat(filepath.Join(dir, cmdCgroup)); err != nil {
+				t.Errorf("the sweep went into the live sandbox's cgroup %s: %v", dir, err)
+			}
 		}
 	}
 	if out := shell(t, b, spec.ID, "echo alive"); out != "alive\n" {
