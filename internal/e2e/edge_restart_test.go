@@ -97,15 +97,16 @@ func (e *edgeProc) kill() {
 }
 
 // leaks lists what the edge's sandboxes left on the node.
-// The blank sandboxes of its pool and its spare memory cgroups are the
-// node's while it runs (testutil.WithoutBlanks, WithoutSpares); once it
-// has stopped they count.
+// The blank sandboxes of its pool, its spare memory cgroups and its pin of
+// the shared sysfs's namespace are the node's while it runs
+// (testutil.WithoutBlanks, WithoutSpares, WithoutNodeMounts); once it has
+// stopped they count.
 func (e *edgeProc) leaks() (out []string) {
 	defer func() {
 		select {
 		case <-e.done:
 		default:
-			out = testutil.WithoutSpares(testutil.WithoutBlanks(out, filepath.Join(e.data, "container")))
+			out = testutil.WithoutNodeMounts(testutil.WithoutSpares(testutil.WithoutBlanks(out, filepath.Join(e.data, "container"))), filepath.Join(e.data, "container"))
 		}
 	}()
 	entries, _ := os.ReadDir(filepath.Join(e.data, "container", "sandboxes"))

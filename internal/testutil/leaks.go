@@ -14,10 +14,12 @@ import (
 // devices on its files, runc containers, cgroups under the server's cgroup
 // parent, and processes in those cgroups. Empty means clean.
 //
-// While the server runs, the blank sandboxes of its node's pool and its
-// spare memory cgroups are the node's, not a sandbox's, and are not
-// counted (WithoutBlanks, WithoutSpares); once it has stopped they are, so
-// a stopped server must have drained its pool and removed its spares.
+// While the server runs, the blank sandboxes of its node's pool, its
+// spare memory cgroups and its pin of the shared sysfs's namespace are the
+// node's, not a sandbox's, and are not counted (WithoutBlanks,
+// WithoutSpares, WithoutNodeMounts); once it has stopped they are, so a
+// stopped server must have drained its pool, removed its spares and
+// unpinned.
 func (s *Server) SandboxLeaks() []string {
 	var leaks []string
 	sbDir := filepath.Join(s.DataDir, "edge", "container", "sandboxes")
@@ -71,8 +73,27 @@ func (s *Server) SandboxLeaks() []string {
 	case <-s.done:
 		return leaks
 	default:
-		return WithoutSpares(WithoutBlanks(leaks, filepath.Join(s.DataDir, "edge", "container")))
+		return WithoutNodeMounts(WithoutSpares(WithoutBlanks(leaks, filepath.Join(s.DataDir, "edge", "container"))), filepath.Join(s.DataDir, "edge", "container"))
 	}
+}
+
+// SysfsPin names the file in a container backend's root that pins the
+// network namespace of the sysfs its sandboxes share (see
+// internal/backend/container/sysfs.go).
+const SysfsPin = "sysfs.net"
+
+// WithoutNodeMounts drops from leaks the mounts a running edge keeps for
+// all its sandboxes, whose container backend root is containerDir: the
+// pin of their shared sysfs's network namespace. Once the edge has
+// stopped it counts: Close removes it with the last sandbox.
+func WithoutNodeMounts(leaks []string, containerDir string) []string {
+	var out []string
+	for _, l := range leaks {
+		if l != "mount "+filepath.Join(containerDir, SysfsPin) {
+			out = append(out, l)
+		}
+	}
+	return out
 }
 
 // BlankPrefix names the blank sandboxes of a node's pool of containers

@@ -81,7 +81,8 @@ type Backend struct {
 	runcCopy *os.File
 	layers   *mount.Layers
 	startNS  *startNS // where runc starts containers
-	runtime  string   // the lowest lower layer: the agent and mount points
+	cgroups  v1Hierarchies
+	runtime  string // the lowest lower layer: the agent and mount points
 	disks    *disk.Templates
 	nets     netState
 	userns   usernsCache
@@ -170,6 +171,9 @@ func New(cfg Config) (*Backend, error) {
 		sandboxes: map[string]*record{},
 		uids:      map[uint32]string{},
 	}
+	if b.cgroups, err = hostV1Hierarchies(); err != nil {
+		return nil, fmt.Errorf("container backend: %w", err)
+	}
 	rt, err := b.makeRuntime()
 	if err != nil {
 		return nil, err
@@ -184,8 +188,19 @@ func New(cfg Config) (*Backend, error) {
 	} else {
 		b.runcCopy, b.runc.exe = f, exe
 	}
-	if b.startNS, err = newStartNS([]string{cfg.Root, runcPath, cfg.AgentPath}); err != nil {
+	// The sysfs sandboxes without an interface share (see sandboxFS).
+	sysfs := filepath.Join(cfg.Root, "sysfs")
+	if err := os.MkdirAll(sysfs, 0o755); err != nil {
 		return nil, fmt.Errorf("container backend: %w", err)
+	}
+	if err := pinNetns(b.sysfsNetns()); err != nil {
+		b.log.Warn("every sandbox mounts a sysfs of its own", "err", err)
+		sysfs = ""
+	}
+	if b.startNS, err = newStartNS([]string{cfg.Root, runcPath, cfg.AgentPath}, sysfs, b.sysfsNetns()); b.startNS == nil {
+		return nil, fmt.Errorf("container backend: %w", err)
+	} else if err != nil {
+		b.log.Warn("every sandbox mounts a sysfs of its own", "err", err)
 	}
 	if cfg.Network != nil {
 		if err := b.setupNetwork(context.Background(), cfg.Network); err != nil {
@@ -227,7 +242,8 @@ func (b *Backend) makeRuntime() (string, error) {
 	}
 	h.Write(agentBPF)
 	h.Write(commandBPF)
-	h.Write([]byte("layout 2")) // 2: .dsec/empty
+	h.Write([]byte("layout 3")) // 2: .dsec/empty; 3: .dsec/cgroup
+	h.Write([]byte(b.cgroups.String()))
 	// The sandbox's root (an unprivileged host uid) must reach its .dsec
 	// for runc to bind it.
 	if err := os.Chmod(filepath.Join(b.cfg.Root, "runtime"), 0o711); err != nil {
@@ -253,6 +269,11 @@ func (b *Backend) makeRuntime() (string, error) {
 	}
 	if err := os.Chmod(filepath.Join(tmp, "tmp"), 0o1777|os.ModeSticky); err != nil {
 		return "", err
+	}
+	if len(b.cgroups.dirs) > 0 {
+		if err := b.cgroups.makeSkeleton(tmp); err != nil {
+			return "", err
+		}
 	}
 	if _, err := f.Seek(0, io.SeekStart); err != nil {
 		return "", err
@@ -417,7 +438,8 @@ func (b *Backend) start(ctx context.Context, rec *record) (err error) {
 	}
 	defer releaseRoot()
 	b.log.DebugContext(ctx, "mounted", "sandbox", id, "disk", tRoot.Sub(tDisk), "rootfs", time.Since(tRoot))
-	spec, err := ociSpec(rec.Spec, rec.UIDs, rootfs, "/"+b.cfg.CgroupParent+"/"+id, rec.Lowers[len(rec.Lowers)-1], b.agentArgs())
+	runtime := rec.Lowers[len(rec.Lowers)-1]
+	spec, err := ociSpec(rec.Spec, rec.UIDs, rootfs, "/"+b.cfg.CgroupParent+"/"+id, runtime, b.fsFor(rec, runtime), b.agentArgs())
 	if err != nil {
 		return err
 	}
@@ -607,5 +629,17 @@ func (b *Backend) Close() error {
 	if b.runcCopy != nil {
 		b.runcCopy.Close()
 	}
+	b.mu.Lock()
+	left := len(b.sandboxes)
+	b.mu.Unlock()
+	if left == 0 {
+		// No sandbox binds the shared sysfs any more (see pinNetns).
+		if err := unpinNetns(b.sysfsNetns()); err != nil {
+			b.log.Warn("close", "err", err)
+		}
+	}
 	return b.startNS.Close()
 }
+
+// sysfsNetns is where the shared sysfs's network namespace is pinned.
+func (b *Backend) sysfsNetns() string { return filepath.Join(b.cfg.Root, sysfsPin) }

@@ -3,11 +3,13 @@ package container
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -144,7 +146,9 @@ func shell(t *testing.T, b *Backend, id, cmd string) string {
 }
 
 // mountsUnder lists the mountpoints at or under dir in the process's
-// namespace (the edge's).
+// namespace (the edge's), but for the pin of the shared sysfs's network
+// namespace, which lives as long as the backend or its sandboxes do
+// (pinNetns; TestSharedSysfs checks it goes).
 func mountsUnder(t *testing.T, dir string) []string {
 	t.Helper()
 	infos, err := mount.MountsUnder(canonical(t, dir))
@@ -153,7 +157,7 @@ func mountsUnder(t *testing.T, dir string) []string {
 	}
 	var mps []string
 	for _, m := range infos {
-		if m.Mountpoint != canonical(t, dir) {
+		if m.Mountpoint != canonical(t, dir) && filepath.Base(m.Mountpoint) != sysfsPin {
 			mps = append(mps, m.Mountpoint)
 		}
 	}
@@ -161,7 +165,7 @@ func mountsUnder(t *testing.T, dir string) []string {
 }
 
 // startNSMounts lists the mountpoints at or under dir in b's start
-// namespace.
+// namespace, but for its shared sysfs (see sandboxFS).
 func startNSMounts(t *testing.T, b *Backend, dir string) []string {
 	t.Helper()
 	dir = canonical(t, dir)
@@ -183,6 +187,9 @@ func startNSMounts(t *testing.T, b *Backend, dir string) []string {
 	}
 	var mps []string
 	for _, m := range infos {
+		if b.startNS.sysfs != "" && m.Mountpoint == canonical(t, b.startNS.sysfs) {
+			continue
+		}
 		if dir == "/" || m.Mountpoint == dir || strings.HasPrefix(m.Mountpoint, dir+"/") {
 			mps = append(mps, m.Mountpoint)
 		}
@@ -275,15 +282,17 @@ echo x > /dev/shm/f && cat /dev/shm/f && rm /dev/shm/f;
 for d in %s; do echo "$d: $(ls -A $d | wc -l) entries, $(awk -v d=$d '$5==d{print $6}' /proc/self/mountinfo)";
   touch $d/x 2>/dev/null && echo "$d writable"; done`
 
-// TestSandboxFileSystems checks that a sandbox's /dev/shm and masked
-// directories cost no file system of their own — a tmpfs each was three of
-// a sandbox's eleven superblocks, and every superblock on the host costs
+// TestSandboxFileSystems checks that a sandbox's /dev/shm, masked
+// directories and /sys/fs/cgroup cost no file system of their own — a
+// tmpfs each was four of a sandbox's eleven superblocks, and every
+// superblock on the host costs
 // memory in every memory cgroup of the node — and still behave as runc's
 // did: /dev/shm a world-writable sticky directory mounted nosuid, nodev
 // and noexec; each masked directory empty, read-only and mounted. It does
 // so for a cold sandbox, a claimed one, and both after a reset of a used
 // sandbox (a fresh /dev, /proc and /sys moved).
 func TestSandboxFileSystems(t *testing.T) {
+	// See TestSharedSysfs for /sys and /sys/fs/cgroup.
 	testutil.Require(t, testutil.Root, testutil.Tool("runc"), testutil.File("/bin/busybox"), testutil.Tool("mkfs.erofs"))
 	ctx := context.Background()
 	var masked []string
@@ -296,7 +305,7 @@ func TestSandboxFileSystems(t *testing.T) {
 		t.Fatalf("none of %v is on this host: nothing to check the masks on", agent.MaskedDirs)
 	}
 	var want strings.Builder
-	fmt.Fprintf(&want, "2\n/dev /dev/shm /sys/fs/cgroup \n1777\n")
+	fmt.Fprintf(&want, "1\n/dev /dev/shm \n1777\n")
 	base := backendtest.MinimalLayer(t, t.TempDir())
 	cold, _, _ := newTestBackend(t, PoolConfig{})
 	warm, _, _ := newTestBackend(t, PoolConfig{Max: 1, Min: 1})
@@ -341,5 +350,130 @@ func TestSandboxFileSystems(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+	}
+}
+
+const sysInside = `awk '$5=="/sys"{print $3, $9}' /proc/self/mountinfo;
+ls /sys/class/net | tr '\n' ' '; echo; cat /sys/class/net/lo/operstate;
+cat /sys/fs/cgroup/memory/memory.limit_in_bytes;
+awk '$5=="/sys/fs/cgroup"{print $9}' /proc/self/mountinfo;
+ls /sys/fs/cgroup | tr '\n' ' '; echo;
+touch /sys/fs/cgroup/x /sys/fs/cgroup/memory/x 2>/dev/null && echo writable; echo end`
+
+// TestSharedSysfs checks that sandboxes without an interface share one
+// sysfs, of a network namespace holding only an up loopback (what each
+// would see in a sysfs of its own), that it outlives the backend and its
+// namespace's last process, and that /sys/fs/cgroup is no tmpfs but
+// still shows each sandbox its own cgroups, read-only, in every
+// hierarchy the host has — before and after a reset in place.
+func TestSharedSysfs(t *testing.T) {
+	testutil.Require(t, testutil.Root, testutil.Tool("runc"), testutil.File("/bin/busybox"), testutil.Tool("mkfs.erofs"))
+	ctx := context.Background()
+	hostSys := ""
+	infos, err := mount.Mountinfo()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hierarchies []string
+	for _, m := range infos {
+		if m.Mountpoint == "/sys" {
+			hostSys = fmt.Sprintf("%d:%d", m.Major, m.Minor)
+		}
+		if m.FSType == "cgroup" && filepath.Dir(m.Mountpoint) == "/sys/fs/cgroup" {
+			hierarchies = append(hierarchies, filepath.Base(m.Mountpoint))
+		}
+	}
+	if len(hierarchies) == 0 {
+		t.Fatal("no cgroup v1 hierarchy on this host: nothing to check")
+	}
+	slices.Sort(hierarchies)
+	base := backendtest.MinimalLayer(t, t.TempDir())
+	// A backend of its own, closed and started again by the test.
+	root := t.TempDir()
+	parent := "dsec-test-" + filepath.Base(filepath.Dir(root))
+	cfg := Config{Root: root, AgentPath: filepath.Join(testutil.Binaries(t), "dsec-agent"), CgroupParent: parent}
+	b, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		destroyAll(b) // the last backend: b is reassigned below
+		b.Close()
+		testutil.UnmountAll(root)
+		dirs, _ := filepath.Glob("/sys/fs/cgroup/*/" + parent)
+		for _, d := range append(dirs, "/sys/fs/cgroup/"+parent) {
+			os.Remove(d)
+		}
+	})
+	check := func(id string, memMB int64, when string) string {
+		t.Helper()
+		out := shell(t, b, id, sysInside)
+		l := strings.Split(strings.TrimSpace(out), "\n")
+		if len(l) != 7 || l[6] != "end" {
+			t.Fatalf("%s, %s: output:\n%s", id, when, out)
+		}
+		sys := strings.Fields(l[0])
+		if len(sys) != 2 || sys[1] != "sysfs" || sys[0] == hostSys {
+			t.Errorf("%s, %s: /sys is %q, want a sysfs other than the host's (%s)", id, when, l[0], hostSys)
+		}
+		if strings.TrimSpace(l[1]) != "lo" || l[2] != "unknown" {
+			t.Errorf("%s, %s: /sys/class/net %q, lo %q; want lo, unknown (up)", id, when, l[1], l[2])
+		}
+		if l[3] != strconv.FormatInt(memMB<<20, 10) {
+			t.Errorf("%s, %s: /sys/fs/cgroup/memory shows a limit of %s, want its own %d MiB", id, when, l[3], memMB)
+		}
+		if l[4] == "tmpfs" {
+			t.Errorf("%s, %s: /sys/fs/cgroup is a tmpfs", id, when)
+		}
+		if got := strings.Fields(l[5]); !slices.Equal(got, hierarchies) {
+			t.Errorf("%s, %s: /sys/fs/cgroup holds %q, want %q", id, when, got, hierarchies)
+		}
+		if strings.Contains(out, "writable") {
+			t.Errorf("%s, %s: /sys/fs/cgroup is writable", id, when)
+		}
+		return sys[0]
+	}
+	devs := map[string]bool{}
+	for i, id := range []string{"sb-sys-a", "sb-sys-b"} {
+		mem := int64(48 + 16*i)
+		if err := b.Create(ctx, backend.Spec{ID: id, Backend: api.BackendContainer, Layers: []backend.Layer{base},
+			Resources: api.Resources{MemoryMB: mem}, Network: api.Network{Mode: api.NetworkNone}}); err != nil {
+			t.Fatal(err)
+		}
+		devs[check(id, mem, "new")] = true
+		shell(t, b, id, "echo used > /tmp/used")
+		if err := b.Reset(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		devs[check(id, mem, "after a reset")] = true
+	}
+	if len(devs) != 1 {
+		t.Errorf("two sandboxes' /sys: %d superblocks, want 1 shared", len(devs))
+	}
+
+	// The namespace is pinned beside the backend's root: a backend closed
+	// with sandboxes left keeps it, the next one uses it, and the last
+	// close with none left removes it.
+	pin := filepath.Join(root, "sysfs.net")
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(pin, &st); err != nil || st.Type != unix.NSFS_MAGIC {
+		t.Fatalf("backend closed with sandboxes left: %s is no network namespace (%v)", pin, err)
+	}
+	if b, err = New(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Recover(ctx); err != nil {
+		t.Fatal(err)
+	}
+	check("sb-sys-a", 48, "after the edge's restart")
+	destroyAll(b)
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(pin); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("last backend closed with no sandbox left: %s still there (%v)", pin, err)
 	}
 }

@@ -359,7 +359,7 @@ func (b *Backend) startBlank(ctx context.Context) (rec *record, err error) {
 		return nil, err
 	}
 	defer func() { go unix.Close(root) }() // dissolving a mount waits for RCU
-	spec, err := ociSpec(rec.Spec, rec.UIDs, rootfs, "/"+b.cfg.CgroupParent+"/"+id, b.runtime, b.agentArgs())
+	spec, err := ociSpec(rec.Spec, rec.UIDs, rootfs, "/"+b.cfg.CgroupParent+"/"+id, b.runtime, b.fsFor(rec, b.runtime), b.agentArgs())
 	if err != nil {
 		return nil, err
 	}

@@ -50,7 +50,7 @@ const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bi
 // section: the agent (args) loads the node's precompiled filters itself
 // before it serves anything (see filters), from runtime's .dsec, which is
 // bound read-only at /.dsec.
-func ociSpec(sb backend.Spec, ids idmap.Range, rootfs, cgroupsPath, runtime string, args []string) (*specs.Spec, error) {
+func ociSpec(sb backend.Spec, ids idmap.Range, rootfs, cgroupsPath, runtime string, fs sandboxFS, args []string) (*specs.Spec, error) {
 	envList := sandboxEnv(sb)
 	if _, set := sb.Env["GOMAXPROCS"]; !set {
 		// For the agent alone (it unsets it at once): one P from its
@@ -83,9 +83,6 @@ func ociSpec(sb backend.Spec, ids idmap.Range, rootfs, cgroupsPath, runtime stri
 			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
 			{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}},
 			{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
-			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
-			{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev", "relatime", "ro"}},
-			{Destination: "/.dsec", Type: "bind", Source: filepath.Join(runtime, ".dsec"), Options: []string{"rbind", "ro", "nosuid", "nodev"}},
 		},
 		Linux: &specs.Linux{
 			CgroupsPath: cgroupsPath,
@@ -102,6 +99,8 @@ func ociSpec(sb backend.Spec, ids idmap.Range, rootfs, cgroupsPath, runtime stri
 			ReadonlyPaths: readonlyPaths,
 		},
 	}
+	s.Mounts = append(s.Mounts, fs.sysMounts(runtime, cgroupsPath)...)
+	s.Mounts = append(s.Mounts, specs.Mount{Destination: "/.dsec", Type: "bind", Source: filepath.Join(runtime, ".dsec"), Options: []string{"rbind", "ro", "nosuid", "nodev"}})
 	return s, nil
 }
 

@@ -33,6 +33,9 @@ import (
 // forks runc. The copy goes away with runc; the container keeps its own.
 type startNS struct {
 	fd int // an nsfs file descriptor of the namespace
+	// sysfs is where the namespace has the sysfs sandboxes without an
+	// interface bind at /sys (see sandboxFS); "" if it has none.
+	sysfs string
 }
 
 // newStartNS makes the start namespace. keep lists the paths runc and the
@@ -42,8 +45,11 @@ type startNS struct {
 // be more revealing than what its creator's namespace shows). Every other
 // mount is detached from the copy, so that it holds no other file system
 // busy (an unmounted loop device, a test's temporary mount) for the
-// edge's lifetime, and so that its copies stay small.
-func newStartNS(keep []string) (*startNS, error) {
+// edge's lifetime, and so that its copies stay small. With sysfs set it
+// then mounts there a sysfs of the network namespace pinned at netns (see
+// sandboxFS); if that fails, sandboxes mount their own and the error is
+// returned beside a working namespace.
+func newStartNS(keep []string, sysfs, netns string) (*startNS, error) {
 	for i, p := range keep {
 		if abs, err := filepath.Abs(p); err == nil {
 			if real, err := filepath.EvalSymlinks(abs); err == nil {
@@ -53,16 +59,37 @@ func newStartNS(keep []string) (*startNS, error) {
 		}
 	}
 	var res struct {
-		fd  int
-		err error
+		fd       int
+		err      error
+		sysfsErr error
+	}
+	netnsFD := -1
+	if sysfs != "" {
+		// Opened here: the start namespace has no mount of the pin.
+		if netnsFD, res.sysfsErr = unix.Open(netns, unix.O_RDONLY|unix.O_CLOEXEC, 0); res.sysfsErr != nil {
+			res.sysfsErr = fmt.Errorf("open network namespace: %w", res.sysfsErr)
+		} else {
+			defer unix.Close(netnsFD)
+		}
 	}
 	onThrowawayThread(func() {
 		res.fd, res.err = makeStartNS(keep)
+		if res.err == nil && netnsFD >= 0 {
+			// Last: it leaves this thread in that network namespace.
+			res.sysfsErr = mountNetnsSysfs(sysfs, netnsFD)
+		}
 	})
 	if res.err != nil {
 		return nil, fmt.Errorf("start namespace: %w", res.err)
 	}
-	return &startNS{fd: res.fd}, nil
+	s := &startNS{fd: res.fd}
+	if res.sysfsErr != nil {
+		return s, fmt.Errorf("start namespace: sysfs at %s: %w", sysfs, res.sysfsErr)
+	}
+	if netnsFD >= 0 {
+		s.sysfs = sysfs
+	}
+	return s, nil
 }
 
 // Preconditions: runs on a thrown-away thread (onThrowawayThread).
