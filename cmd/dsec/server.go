@@ -348,8 +348,16 @@ func serverCmd(ctx context.Context, args []string) error {
 		}
 	}
 	go srv.Run(ctx)
-	return serveHTTP(ctx, *listen, srv.Handler(), log, "dsec server ready", "data", dataDir,
+	err = serveHTTP(ctx, *listen, srv.Handler(), log, "dsec server ready", "data", dataDir,
 		"admin_key", filepath.Join(dataDir, "admin.key"))
+	// Before the local edge stops (deferred above): the FnCall pools'
+	// sandboxes go with the server that made them.
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if derr := srv.DrainFnCall(dctx); derr != nil {
+		log.Warn("stop: FnCall pool sandboxes left for the next start", "err", derr)
+	}
+	return err
 }
 
 // openStore opens the control plane's database: SQLite in the data dir,

@@ -252,3 +252,17 @@ func TestFnCallStream(t *testing.T) {
 		t.Fatalf("status %d, stream %q", resp.StatusCode, lines)
 	}
 }
+
+// TestFnCallPoolsGoWithTheServer: a pool lives only in the server's memory,
+// so a graceful stop destroys its sandboxes while the node can still be
+// reached; before, one ran on until the next start. Nothing is left.
+func TestFnCallPoolsGoWithTheServer(t *testing.T) {
+	s := startServer(t)
+	if r := call(t, s.Client, api.FnCallRequest{Shell: "echo hi"}); r.Stdout != "hi\n" {
+		t.Fatalf("call: %+v", r)
+	}
+	s.Stop()
+	if l := s.SandboxLeaks(); len(l) > 0 {
+		t.Fatalf("left behind by a stopped server:\n  %s", strings.Join(l, "\n  "))
+	}
+}

@@ -20,6 +20,8 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/dsec-project/dsec/internal/errdefs"
 )
 
 // Sandbox is a pool sandbox as the Runtime made it.
@@ -109,6 +111,10 @@ type Manager struct {
 	pools   map[string]*pool   // by key
 	byID    map[string]*member // by sandbox id
 	tenants map[string]chan struct{}
+	// closed: Close was called; every sandbox that comes back is
+	// destroyed, nothing new is made.
+	closed     bool
+	destroying int // destroys in flight
 
 	now func() time.Time // the clock; tests move it
 }
@@ -197,6 +203,10 @@ func (m *Manager) giveSlot(tenant string) { <-m.slots(tenant) }
 
 func (m *Manager) acquire(ctx context.Context, key string, info Info, spec any) (*Lease, error) {
 	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil, errClosed
+	}
 	p, ok := m.pools[key]
 	if !ok {
 		p = newPool(m, key, info, spec)
@@ -253,6 +263,13 @@ func (m *Manager) Release(l *Lease, clean bool) {
 	p.busy--
 	p.calls++
 	if mem.forgotten {
+		p.note()
+		m.mu.Unlock()
+		return
+	}
+	if m.closed {
+		m.remove(mem)
+		m.destroyLater(mem)
 		p.note()
 		m.mu.Unlock()
 		return
@@ -383,11 +400,57 @@ func (m *Manager) Run(ctx context.Context) {
 // Wait waits for background creates, resets and destroys to finish.
 func (m *Manager) Wait() { m.wg.Wait() }
 
+// errClosed refuses a call once the server is stopping.
+var errClosed = fmt.Errorf("fncall pools are closed: the server is stopping: %w", errdefs.ErrUnavailable)
+
+// Close destroys every pool's sandboxes — the idle ones at once, those
+// in a call, a reset or a create as they come back — and waits for that
+// until ctx ends. Waiting calls fail, and so do later ones. Pools live
+// only in this process: a sandbox it left would run on until the next
+// start destroyed it as a previous run's.
+func (m *Manager) Close(ctx context.Context) error {
+	m.mu.Lock()
+	m.closed = true
+	for _, p := range m.pools {
+		for _, mem := range p.idle {
+			m.remove(mem)
+			m.destroyLater(mem)
+		}
+		p.idle = nil
+		for _, w := range p.waiters {
+			w.ch <- result{err: errClosed}
+		}
+		p.waiters = nil
+	}
+	m.mu.Unlock()
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		m.mu.Lock()
+		left := m.destroying
+		for _, p := range m.pools {
+			left += p.busy + p.creating + p.resetting
+		}
+		m.mu.Unlock()
+		if left == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("fncall: %d pool sandboxes still in use or being destroyed: %w", left, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
 // resize grows each pool to its target and shrinks what idled too long.
 func (m *Manager) resize() {
 	now := m.now()
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.closed {
+		return
+	}
 	for key, p := range m.pools {
 		p.note()
 		target := p.target()
@@ -415,6 +478,9 @@ func (m *Manager) resize() {
 // grow starts creates for waiters that no reset or create in flight will
 // serve. Preconditions: m.mu is held.
 func (m *Manager) grow(p *pool) {
+	if m.closed {
+		return
+	}
 	need := len(p.waiters) - p.creating - p.resetting
 	for ; need > 0 && p.size() < m.cfg.Max; need-- {
 		m.startCreate(p)
@@ -455,6 +521,11 @@ func (m *Manager) startCreate(p *pool) {
 // deliver gives a clean sandbox to the first waiter, or makes it idle.
 // Preconditions: m.mu is held.
 func (m *Manager) deliver(p *pool, mem *member) {
+	if m.closed {
+		m.remove(mem)
+		m.destroyLater(mem)
+		return
+	}
 	mem.lastUsed = m.now()
 	if len(p.waiters) > 0 {
 		w := p.waiters[0]
@@ -478,6 +549,7 @@ func (m *Manager) remove(mem *member) {
 // destroyLater destroys a removed member in the background.
 // Preconditions: m.mu is held.
 func (m *Manager) destroyLater(mem *member) {
+	m.destroying++
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
@@ -486,5 +558,8 @@ func (m *Manager) destroyLater(mem *member) {
 		if err := m.rt.Destroy(ctx, mem.sb); err != nil {
 			m.log.WarnContext(ctx, "fncall: destroy a pool sandbox", "sandbox", mem.sb.ID, "err", err)
 		}
+		m.mu.Lock()
+		m.destroying--
+		m.mu.Unlock()
 	}()
 }

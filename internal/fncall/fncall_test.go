@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dsec-project/dsec/internal/errdefs"
 	"github.com/dsec-project/dsec/internal/testutil"
 )
 
@@ -360,5 +361,85 @@ func TestDetachAndForget(t *testing.T) {
 	}
 	if ps := m.Pools("t1"); ps[0].Size != 0 {
 		t.Fatalf("after forgetting the only idle sandbox: %+v", ps[0])
+	}
+}
+
+// TestCloseDestroysEverySandbox: Close destroys the idle sandboxes at once,
+// a leased one when its call hands it back, one being made when it is
+// made; waiting and later calls fail as unavailable.
+func TestCloseDestroysEverySandbox(t *testing.T) {
+	rt := newFake()
+	m, _ := newManager(t, Config{Max: 4}, rt)
+	ctx := ctxFor(t, 10*time.Second)
+	idle, err := m.Acquire(ctx, "idle", info, nil, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Release(idle, true)
+	m.Wait()
+	leased, err := m.Acquire(ctx, "leased", info, nil, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A call waits for a sandbox still being made.
+	rt.createGate = make(chan struct{})
+	waited := make(chan error, 1)
+	go func() {
+		_, err := m.Acquire(ctx, "slow", info, nil, true)
+		waited <- err
+	}()
+	testutil.EventuallyTrue(t, 5*time.Second, "the slow pool creating", func() bool {
+		ps := m.Pools("t1")
+		for _, p := range ps {
+			if p.Creating == 1 {
+				return true
+			}
+		}
+		return false
+	})
+
+	closed := make(chan error, 1)
+	go func() { closed <- m.Close(ctx) }()
+	if err := <-waited; !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Fatalf("a waiting call got %v, want unavailable", err)
+	}
+	testutil.EventuallyTrue(t, 5*time.Second, "the idle sandbox destroyed", func() bool { return rt.liveCount() == 1 })
+	select {
+	case err := <-closed:
+		t.Fatalf("Close returned (%v) with a sandbox leased and one being made", err)
+	default:
+	}
+	m.Release(leased, true)
+	rt.createGate <- struct{}{}
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
+	if n := rt.liveCount(); n != 0 {
+		t.Fatalf("%d sandboxes left after Close", n)
+	}
+	if _, err := m.Acquire(ctx, "idle", info, nil, true); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Fatalf("a call after Close got %v, want unavailable", err)
+	}
+	if rt.resets["sb-2"] != 0 {
+		t.Errorf("the leased sandbox was reset (%d) before its destroy", rt.resets["sb-2"])
+	}
+}
+
+// TestCloseGivesUpAtItsDeadline: a sandbox still leased when Close's
+// context ends is reported, not waited for.
+func TestCloseGivesUpAtItsDeadline(t *testing.T) {
+	rt := newFake()
+	m, _ := newManager(t, Config{Max: 4}, rt)
+	leased, err := m.Acquire(ctxFor(t, 10*time.Second), "k", info, nil, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Close(ctxFor(t, 50*time.Millisecond)); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Close with a sandbox leased: %v, want its deadline", err)
+	}
+	m.Release(leased, true)
+	m.Wait()
+	if n := rt.liveCount(); n != 0 {
+		t.Fatalf("the sandbox released after Close gave up: %d left, want it destroyed", n)
 	}
 }

@@ -247,6 +247,15 @@ func New(cfg Config) *Server {
 	return s
 }
 
+// DrainFnCall destroys the FnCall pools' sandboxes, waiting for those in
+// a call until ctx ends: at a graceful stop, while the nodes can still be
+// reached (a pool lives only in this process, so its sandboxes would run
+// on until the next start destroyed them). Later calls fail as
+// unavailable.
+func (s *Server) DrainFnCall(ctx context.Context) error {
+	return s.fncall.Close(ctx)
+}
+
 // Run keeps the view of the nodes current (and declares silent ones down),
 // reaps expired and idle sandboxes, keeps the activity of busy ones
 // current in the store, purges old records and trajectories, and resizes
