@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/internal/mount"
@@ -183,7 +184,13 @@ func pinNetns(path string) error {
 			err = fmt.Errorf("new network namespace: %w", err)
 			return
 		}
-		if err = loopbackUp(); err != nil {
+		// Up, as runc sets it in every container's: sysfs shows its state.
+		var lo netlink.Link
+		if lo, err = netlink.LinkByName("lo"); err == nil {
+			err = netlink.LinkSetUp(lo)
+		}
+		if err != nil {
+			err = fmt.Errorf("loopback up: %w", err)
 			return
 		}
 		if err = unix.Mount("/proc/thread-self/ns/net", path, "", unix.MS_BIND, ""); err != nil {
@@ -191,28 +198,6 @@ func pinNetns(path string) error {
 		}
 	})
 	return err
-}
-
-// loopbackUp sets the loopback of the calling thread's network namespace
-// up, as runc does in every container's: sysfs shows its state.
-func loopbackUp() error {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("loopback up: %w", err)
-	}
-	defer unix.Close(fd)
-	ifr, err := unix.NewIfreq("lo")
-	if err != nil {
-		return err
-	}
-	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
-		return fmt.Errorf("loopback up: %w", err)
-	}
-	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
-	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
-		return fmt.Errorf("loopback up: %w", err)
-	}
-	return nil
 }
 
 // unpinNetns undoes pinNetns.
