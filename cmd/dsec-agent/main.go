@@ -72,7 +72,7 @@ func main() {
 	if os.Getenv("GOMAXPROCS") == "" {
 		runtime.GOMAXPROCS(1)
 	}
-	cfg := agent.Config{Root: *root, MaxFileBytes: *maxFile, ShutdownGrace: *grace, Version: version, MaxPortConns: *maxPorts, TrimThreads: true}
+	cfg := agent.Config{Root: *root, MaxFileBytes: *maxFile, ShutdownGrace: *grace, Version: version, MaxPortConns: *maxPorts}
 	if err := confine(&cfg, *filters, *stateFD); err != nil {
 		fmt.Fprintln(os.Stderr, "dsec-agent:", err)
 		os.Exit(1)
@@ -137,7 +137,7 @@ func runVM(log *slog.Logger, grace time.Duration) error {
 	}
 	return serve(log, l, agent.Config{
 		Root: "/", MaxFileBytes: cfg.MaxFileBytes, ShutdownGrace: grace, Version: version, Log: log,
-		Freezer: freezer, Identity: true, TrimThreads: true,
+		Freezer: freezer, Identity: true,
 	})
 }
 
@@ -154,7 +154,7 @@ func runVMService(log *slog.Logger, grace time.Duration) error {
 	}
 	return serve(log, l, agent.Config{
 		Root: "/", MaxFileBytes: cfg.MaxFileBytes, ShutdownGrace: grace, Version: version, Log: log,
-		Freezer: freezer, TrimThreads: true,
+		Freezer: freezer,
 	})
 }
 

@@ -60,10 +60,6 @@ type Config struct {
 	MaxPortConns int
 	// Carried is the state a previous agent handed over on a reset.
 	Carried *Carried
-	// TrimThreads ends the runtime's idle OS threads whenever the agent
-	// has been idle for a while (see trimmer): for an agent that is its
-	// process's only user, not for tests that run it in theirs.
-	TrimThreads bool
 	// Reexec replaces the process with a new agent serving on listenFD,
 	// handing it stateFD (see Carried); it returns only on failure. Nil:
 	// this agent cannot reset in place.
@@ -90,7 +86,6 @@ type Server struct {
 	ports  portConns
 	http   *http.Server
 	reqs   atomic.Int64
-	idle   *trimmer // nil unless cfg.TrimThreads
 	// used: a request besides a health check, a reset or a cgroup
 	// placement reached this process. A reset of an unused agent (a
 	// blank sandbox of the node's pool being claimed) keeps the process:
@@ -171,9 +166,6 @@ func New(cfg Config) (*Server, error) {
 		ErrorLog:          slog.NewLogLogger(cfg.Log.Handler(), slog.LevelWarn),
 		ConnContext:       connContext,
 	}
-	if cfg.TrimThreads {
-		s.idle = newTrimmer(trimIdle, func() { trimThreads(1) })
-	}
 	return s, nil
 }
 
@@ -229,10 +221,6 @@ func (s *Server) routes() http.Handler {
 		}
 		log := s.cfg.Log.With(reqid.Attr, id)
 		ctx := context.WithValue(reqid.With(r.Context(), id), loggerKey{}, log)
-		if s.idle != nil {
-			s.idle.begin()
-			defer s.idle.end()
-		}
 		mux.ServeHTTP(w, r.WithContext(ctx))
 	})
 }
@@ -278,9 +266,6 @@ func (s *Server) Shutdown(sig os.Signal) {
 
 // Close releases what New took, in reverse. Call it after Serve returns.
 func (s *Server) Close() error {
-	if s.idle != nil {
-		s.idle.stop()
-	}
 	s.reaper.close()
 	return unix.Close(s.root)
 }
