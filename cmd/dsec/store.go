@@ -15,6 +15,7 @@ import (
 	"github.com/dsec-project/dsec/internal/blob/posix"
 	"github.com/dsec-project/dsec/internal/blob/s3"
 	"github.com/dsec-project/dsec/internal/blobfs"
+	"github.com/dsec-project/dsec/internal/contentdigest"
 	"github.com/dsec-project/dsec/internal/layer"
 )
 
@@ -128,7 +129,7 @@ func layerRecordPrefetch(ctx context.Context, args []string) error {
 		return err
 	}
 	for _, d := range fs.Args() {
-		h, err := layer.ParseDigest(d)
+		h, err := contentdigest.Parse(d)
 		if err != nil {
 			return err
 		}

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"sync"
 
+	"github.com/dsec-project/dsec/internal/contentdigest"
 	"github.com/dsec-project/dsec/internal/layer"
 )
 
@@ -66,7 +67,7 @@ func OpenCache(dir string, max int64, src Source, m *metrics) (*Cache, error) {
 			return err
 		}
 		name := d.Name()
-		if _, perr := layer.ParseDigest("sha256:" + name); perr != nil {
+		if _, perr := contentdigest.Parse("sha256:" + name); perr != nil {
 			os.Remove(p) // a temporary file a crash left
 			return nil
 		}

@@ -27,6 +27,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
+	"github.com/dsec-project/dsec/internal/contentdigest"
 	"github.com/dsec-project/dsec/internal/layer"
 )
 
@@ -221,7 +222,7 @@ func (f *FS) layer(hex string) (*blobLayer, error) {
 	if l := f.layers[hex]; l != nil {
 		return l, nil
 	}
-	if _, err := layer.ParseDigest("sha256:" + hex); err != nil {
+	if _, err := contentdigest.Parse("sha256:" + hex); err != nil {
 		return nil, err
 	}
 	b, err := os.ReadFile(filepath.Join(f.cfg.ManifestDir, hex+".json"))

@@ -24,7 +24,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/contentdigest"
 )
 
 // FUSE opcodes and constants (include/uapi/linux/fuse.h).
@@ -349,7 +349,7 @@ func (c *conn) readdir(unique uint64, off, size int) {
 	var names []string
 	for _, e := range ents {
 		if h, ok := strings.CutSuffix(e.Name(), ".json"); ok {
-			if _, err := layer.ParseDigest("sha256:" + h); err == nil {
+			if _, err := contentdigest.Parse("sha256:" + h); err == nil {
 				names = append(names, h)
 			}
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/dsec-project/dsec/internal/backend"
 	"github.com/dsec-project/dsec/internal/blob"
+	"github.com/dsec-project/dsec/internal/contentdigest"
 	"github.com/dsec-project/dsec/internal/errdefs"
 	"github.com/dsec-project/dsec/internal/layer"
 )
@@ -100,7 +101,7 @@ func (s *StoreLayers) Cached() []string {
 			continue // a fetch under way
 		}
 		if d := "sha256:" + h; e.Type().IsRegular() {
-			if _, err := layer.ParseDigest(d); err == nil {
+			if _, err := contentdigest.Parse(d); err == nil {
 				out = append(out, d)
 			}
 		}
@@ -117,7 +118,7 @@ func (s *StoreLayers) FetchedBytes() int64 { return s.fetched.Load() }
 
 // Fetch implements Layers. Concurrent fetches of one layer share one.
 func (s *StoreLayers) Fetch(ctx context.Context, digest string) (backend.Layer, error) {
-	h, err := layer.ParseDigest(digest)
+	h, err := contentdigest.Parse(digest)
 	if err != nil {
 		return backend.Layer{}, err
 	}

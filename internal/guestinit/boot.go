@@ -13,8 +13,20 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/dsec-project/dsec/internal/initramfs"
 	"github.com/dsec-project/dsec/internal/mount"
+)
+
+// Where the initramfs dsec builds (package initramfs) puts the kernel
+// modules the guest loads at boot. They are defined here, by their
+// reader, so that the agent does not link the initramfs builder and its
+// codecs: every package the agent links is resident in every sandbox.
+const (
+	// ModuleDir holds the modules, decompressed, as <name>.ko.
+	ModuleDir = "/lib/dsec-modules"
+	// ModuleOrder lists the module names to load, one a line, in order.
+	ModuleOrder = "/etc/dsec/modules"
+	// KernelRelease holds the kernel version the modules are for.
+	KernelRelease = "/etc/dsec/kernel-release"
 )
 
 // Where things are mounted in the initramfs before the switch.
@@ -95,7 +107,7 @@ func mountEarly() error {
 // is no modprobe): QEMU's microvm lists its virtio-mmio devices as
 // virtio_mmio.device= parameters.
 func loadModules(log *slog.Logger) error {
-	order, err := os.ReadFile(initramfs.ModuleOrder)
+	order, err := os.ReadFile(ModuleOrder)
 	if err != nil {
 		return fmt.Errorf("module list: %w", err)
 	}
@@ -104,13 +116,13 @@ func loadModules(log *slog.Logger) error {
 		if err := loadModule(name, moduleParams(string(cmdline), name)); err != nil {
 			return err
 		}
-		os.Remove(filepath.Join(initramfs.ModuleDir, name+".ko")) // it lives in RAM
+		os.Remove(filepath.Join(ModuleDir, name+".ko")) // it lives in RAM
 	}
 	return nil
 }
 
 func loadModule(name, params string) error {
-	fd, err := unix.Open(filepath.Join(initramfs.ModuleDir, name+".ko"), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	fd, err := unix.Open(filepath.Join(ModuleDir, name+".ko"), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("module %s: %w", name, err)
 	}
@@ -198,7 +210,7 @@ func assembleRoot(cfg Config, disks map[string]string) error {
 // process's root, as switch_root(8) does. What is left of the initramfs
 // is removed first: it would otherwise hold RAM for good.
 func switchRoot() error {
-	for _, p := range []string{initramfs.ModuleOrder, initramfs.KernelRelease} {
+	for _, p := range []string{ModuleOrder, KernelRelease} {
 		os.Remove(p)
 	}
 	for _, d := range []string{"/proc", "/sys", "/dev"} {

@@ -6,19 +6,14 @@ import (
 	"io"
 	"os"
 	"strings"
+
+	"github.com/dsec-project/dsec/internal/guestinit"
 )
 
-// Paths inside the archive that the guest's init reads.
-const (
-	// InitPath is the agent binary, run by the kernel as PID 1.
-	InitPath = "/init"
-	// ModuleDir holds the modules, decompressed, as <name>.ko.
-	ModuleDir = "/lib/dsec-modules"
-	// ModuleOrder lists the module names to load, one a line, in order.
-	ModuleOrder = "/etc/dsec/modules"
-	// KernelRelease holds the kernel version the modules are for.
-	KernelRelease = "/etc/dsec/kernel-release"
-)
+// InitPath is the agent binary in the archive, run by the kernel as PID
+// 1. The modules go where the agent's guestinit reads them
+// (guestinit.ModuleDir and the files beside it).
+const InitPath = "/init"
 
 // Config is what goes into an initramfs.
 type Config struct {
@@ -60,12 +55,12 @@ func Build(w io.Writer, cfg Config) ([]Module, error) {
 		if err != nil {
 			return nil, err
 		}
-		cw.File(ModuleDir+"/"+m.Name+".ko", 0o644, int64(len(b)), bytes.NewReader(b))
+		cw.File(guestinit.ModuleDir+"/"+m.Name+".ko", 0o644, int64(len(b)), bytes.NewReader(b))
 		names = append(names, m.Name)
 	}
 	order := strings.Join(names, "\n") + "\n"
-	cw.File(ModuleOrder, 0o644, int64(len(order)), strings.NewReader(order))
-	cw.File(KernelRelease, 0o644, int64(len(cfg.Kernel.Version)), strings.NewReader(cfg.Kernel.Version))
+	cw.File(guestinit.ModuleOrder, 0o644, int64(len(order)), strings.NewReader(order))
+	cw.File(guestinit.KernelRelease, 0o644, int64(len(cfg.Kernel.Version)), strings.NewReader(cfg.Kernel.Version))
 	if err := cw.Close(); err != nil {
 		return nil, fmt.Errorf("write initramfs: %w", err)
 	}

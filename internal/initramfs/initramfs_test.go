@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/dsec-project/dsec/internal/guestinit"
 	"github.com/dsec-project/dsec/internal/testutil"
 )
 
@@ -123,12 +124,12 @@ func TestBuildGuestInitramfs(t *testing.T) {
 	if e := files["/dev/console"]; e.rdev != 5<<8|1 {
 		t.Errorf("console: %+v", e)
 	}
-	order := strings.Fields(files[ModuleOrder].data)
+	order := strings.Fields(files[guestinit.ModuleOrder].data)
 	if len(order) != len(mods) {
 		t.Fatalf("module order %v, modules %v", order, mods)
 	}
 	for _, name := range order {
-		if e, ok := files[ModuleDir+"/"+name+".ko"]; !ok || !strings.HasPrefix(e.data, "\x7fELF") {
+		if e, ok := files[guestinit.ModuleDir+"/"+name+".ko"]; !ok || !strings.HasPrefix(e.data, "\x7fELF") {
 			t.Errorf("module %s missing or not an ELF object", name)
 		}
 	}

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/dsec-project/dsec/internal/contentdigest"
 	"github.com/dsec-project/dsec/internal/errdefs"
 )
 
@@ -229,5 +230,5 @@ func digestFile(path string) (Image, error) {
 	if err != nil {
 		return Image{}, fmt.Errorf("hash %s: %w", path, err)
 	}
-	return Image{Digest: digestPrefix + hex.EncodeToString(h.Sum(nil)), Size: n}, nil
+	return Image{Digest: contentdigest.Prefix + hex.EncodeToString(h.Sum(nil)), Size: n}, nil
 }

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/dsec-project/dsec/internal/blob"
+	"github.com/dsec-project/dsec/internal/contentdigest"
 	"github.com/dsec-project/dsec/internal/errdefs"
 )
 
@@ -74,12 +75,12 @@ func (s *Store) Blobs() blob.Store { return s.blobs }
 // object store. Chunks fan out over 256 prefixes so that directory stores
 // keep directories small.
 func ChunkKey(digest string) string {
-	h := digest[len(digestPrefix):]
+	h := digest[len(contentdigest.Prefix):]
 	return "chunks/sha256/" + h[:2] + "/" + h
 }
 
 // ManifestKey is the object key of a layer's manifest.
-func ManifestKey(digest string) string { return "layers/sha256/" + digest[len(digestPrefix):] }
+func ManifestKey(digest string) string { return "layers/sha256/" + digest[len(contentdigest.Prefix):] }
 
 // Build makes a chunked layer of srcDir (mkfs.erofs --chunksize
 // --blobdev, run as root to keep whiteouts and trusted xattrs) and stores
@@ -194,7 +195,7 @@ func (s *Store) putPart(ctx context.Context, path string, d *Desc) (*Part, error
 			return nil, fmt.Errorf("read %s: %w", path, err)
 		}
 		sum := sha256.Sum256(buf)
-		c := Chunk{Digest: digestPrefix + hex.EncodeToString(sum[:]), Size: int64(len(buf))}
+		c := Chunk{Digest: contentdigest.Prefix + hex.EncodeToString(sum[:]), Size: int64(len(buf))}
 		p.Chunks = append(p.Chunks, c)
 		p.Size += c.Size
 		mu.Lock()
@@ -245,7 +246,7 @@ func (s *Store) putChunk(ctx context.Context, c Chunk, data []byte) (int64, erro
 // Manifest reads and verifies the manifest of the layer with the digest:
 // errdefs.ErrNotFound if the store lacks it.
 func (s *Store) Manifest(ctx context.Context, digest string) (*Manifest, []byte, error) {
-	if _, err := ParseDigest(digest); err != nil {
+	if _, err := contentdigest.Parse(digest); err != nil {
 		return nil, nil, err
 	}
 	b, err := blob.ReadAll(ctx, s.blobs, ManifestKey(digest))
@@ -316,7 +317,9 @@ func (s *Store) FetchPart(ctx context.Context, p *Part, dst string) (int64, erro
 // indices into its blob's chunks, in the order to fetch them. It is a hint
 // kept beside the manifest, not part of the layer's digest, so it can be
 // recorded after the layer is built.
-func PrefetchKey(digest string) string { return "prefetch/sha256/" + digest[len(digestPrefix):] }
+func PrefetchKey(digest string) string {
+	return "prefetch/sha256/" + digest[len(contentdigest.Prefix):]
+}
 
 // PutPrefetch records a layer's hot-chunk list.
 func (s *Store) PutPrefetch(ctx context.Context, digest string, chunks []int) error {

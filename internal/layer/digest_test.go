@@ -13,38 +13,6 @@ import (
 	"github.com/dsec-project/dsec/internal/testutil"
 )
 
-func TestParseDigest(t *testing.T) {
-	hex64 := strings.Repeat("0123456789abcdef", 4)
-	tests := []struct {
-		in      string
-		wantHex string
-	}{
-		{"sha256:" + hex64, hex64},
-		{hex64, ""},
-		{"sha256:" + strings.ToUpper(hex64), ""},
-		{"sha256:" + hex64[:63], ""},
-		{"sha256:" + hex64 + "0", ""},
-		{"sha512:" + hex64, ""},
-		{"sha256:" + hex64[:63] + "g", ""},
-		{"sha256:../../../../etc/passwd", ""},
-		{"", ""},
-	}
-	for _, tt := range tests {
-		t.Run(tt.in, func(t *testing.T) {
-			got, err := layer.ParseDigest(tt.in)
-			if tt.wantHex == "" {
-				if !errors.Is(err, errdefs.ErrInvalid) {
-					t.Errorf("ParseDigest = %q, %v; want ErrInvalid", got, err)
-				}
-				return
-			}
-			if err != nil || got != tt.wantHex {
-				t.Errorf("ParseDigest = %q, %v; want %q", got, err, tt.wantHex)
-			}
-		})
-	}
-}
-
 func TestFromTar(t *testing.T) {
 	testutil.Require(t, testutil.Root, testutil.Tool("mkfs.erofs"))
 	ctx := context.Background()

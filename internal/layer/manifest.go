@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"sort"
 
+	"github.com/dsec-project/dsec/internal/contentdigest"
 	"github.com/dsec-project/dsec/internal/errdefs"
 )
 
@@ -79,7 +80,7 @@ func (m *Manifest) encode() ([]byte, error) {
 // digestOf is the "sha256:<hex>" of b.
 func digestOf(b []byte) string {
 	sum := sha256.Sum256(b)
-	return digestPrefix + hex.EncodeToString(sum[:])
+	return contentdigest.Prefix + hex.EncodeToString(sum[:])
 }
 
 // ParseManifest decodes and checks a manifest whose bytes must hash to
@@ -101,7 +102,7 @@ func ParseManifest(digest string, b []byte) (*Manifest, error) {
 		}
 		var sum int64
 		for _, c := range p.Chunks {
-			if _, err := ParseDigest(c.Digest); err != nil || c.Size <= 0 {
+			if _, err := contentdigest.Parse(c.Digest); err != nil || c.Size <= 0 {
 				return nil, fmt.Errorf("manifest %s: %w", digest, errdefs.Invalid("bad chunk %+v", c))
 			}
 			sum += c.Size

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/dsec-project/dsec/internal/blob"
+	"github.com/dsec-project/dsec/internal/contentdigest"
 	"github.com/dsec-project/dsec/internal/errdefs"
 )
 
@@ -58,7 +59,7 @@ func (s *Store) Remove(ctx context.Context, digests []string) (RemoveStats, erro
 	}
 	// Keep every chunk another manifest names.
 	err := s.blobs.List(ctx, "layers/sha256/", func(info blob.Info) error {
-		d := digestPrefix + strings.TrimPrefix(info.Key, "layers/sha256/")
+		d := contentdigest.Prefix + strings.TrimPrefix(info.Key, "layers/sha256/")
 		if dead[d] || len(chunks) == 0 {
 			return nil
 		}

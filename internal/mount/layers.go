@@ -13,8 +13,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/dsec-project/dsec/internal/contentdigest"
 	"github.com/dsec-project/dsec/internal/errdefs"
-	"github.com/dsec-project/dsec/internal/layer"
 )
 
 // Layers is the node's pool of layer mounts. Each layer image is mounted
@@ -60,7 +60,7 @@ func NewLayers(root string) (*Layers, error) {
 // and counts one more user. Concurrent Acquires of one layer mount it once;
 // a failed mount leaves no directory behind.
 func (l *Layers) Acquire(ctx context.Context, digest string, src Source) (string, error) {
-	h, err := layer.ParseDigest(digest)
+	h, err := contentdigest.Parse(digest)
 	if err != nil {
 		return "", fmt.Errorf("acquire layer: %w", err)
 	}
@@ -107,7 +107,7 @@ func (l *Layers) Acquire(ctx context.Context, digest string, src Source) (string
 // errdefs.ErrNotFound. If the unmount fails the layer stays mounted, with
 // no users, for the next Acquire to take up.
 func (l *Layers) Release(digest string) error {
-	h, err := layer.ParseDigest(digest)
+	h, err := contentdigest.Parse(digest)
 	if err != nil {
 		return fmt.Errorf("release layer: %w", err)
 	}
@@ -165,7 +165,7 @@ func (l *Layers) Stats() map[string]int {
 func (l *Layers) Recover(inUse map[string]int) error {
 	want := make(map[string]int, len(inUse))
 	for d, n := range inUse {
-		h, err := layer.ParseDigest(d)
+		h, err := contentdigest.Parse(d)
 		if err != nil {
 			return fmt.Errorf("recover layers: %w", err)
 		}
@@ -248,7 +248,7 @@ func (l *Layers) hexOf(mp string) string {
 		return ""
 	}
 	h := filepath.Base(mp)
-	if _, err := layer.ParseDigest("sha256:" + h); err != nil {
+	if _, err := contentdigest.Parse("sha256:" + h); err != nil {
 		return ""
 	}
 	return h

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/contentdigest"
 	"github.com/dsec-project/dsec/internal/errdefs"
 	"github.com/dsec-project/dsec/internal/httpapi"
 	"github.com/dsec-project/dsec/internal/layer"
@@ -42,7 +43,7 @@ func ParseRef(ref string) (name, tag string, err error) {
 // "sha256:<digest>".
 func (s *Server) resolveLayer(ctx context.Context, tenant, ref string) (store.Layer, error) {
 	if strings.HasPrefix(ref, "sha256:") {
-		if _, err := layer.ParseDigest(ref); err != nil {
+		if _, err := contentdigest.Parse(ref); err != nil {
 			return store.Layer{}, err
 		}
 		return s.store.LayerByDigest(ctx, tenant, ref)

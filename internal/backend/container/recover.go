@@ -14,8 +14,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/internal/backend"
+	"github.com/dsec-project/dsec/internal/contentdigest"
 	"github.com/dsec-project/dsec/internal/errdefs"
-	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/mount"
 )
 
@@ -211,7 +211,7 @@ func (b *Backend) recoverLayers(adopted []*record) ([]backend.Layer, error) {
 			if l.Dir {
 				continue // not pooled: a directory, used as it is
 			}
-			h, err := layer.ParseDigest(l.Digest)
+			h, err := contentdigest.Parse(l.Digest)
 			if err != nil {
 				return nil, fmt.Errorf("recover sandbox %s: %w", rec.Spec.ID, err)
 			}

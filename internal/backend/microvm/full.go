@@ -14,9 +14,9 @@ import (
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/agent"
 	"github.com/dsec-project/dsec/internal/backend"
+	"github.com/dsec-project/dsec/internal/contentdigest"
 	"github.com/dsec-project/dsec/internal/errdefs"
 	"github.com/dsec-project/dsec/internal/guestinit"
-	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/vmimage"
 )
 
@@ -90,7 +90,7 @@ func (b *Backend) fullMachine(ctx context.Context, spec backend.Spec) (Machine, 
 
 // inspect finds how to boot a vm layer, once per layer and node.
 func (b *Backend) inspect(ctx context.Context, l backend.Layer) (vmimage.Boot, error) {
-	h, err := layer.ParseDigest(l.Digest)
+	h, err := contentdigest.Parse(l.Digest)
 	if err != nil {
 		h = strconv.FormatUint(uint64(cidFor(l.Path)), 16)
 	}
