@@ -27,12 +27,12 @@ var ErrNoReset = errors.New("agent cannot reset in place")
 // process and switched roots, and is re-executing: the next connection
 // reaches the new agent. conn is closed. id, if not nil, is the identity
 // the sandbox takes on (a blank sandbox of the pool becoming a tenant's).
-// tasks, if not -1, is the tasks file of the commands' cgroup v1 cpu
-// cgroup, sent along for a kept agent to take (see PlaceCommands; the
-// result's CommandsPlaced says whether it did). Agents before it refuse a
-// second descriptor: only a claim, whose blank this edge started, sends
-// one.
-func ResetRoot(ctx context.Context, conn net.Conn, root, tasks int, id *ResetIdentity) (*ResetResult, error) {
+// tasks, if any, are the tasks files of the commands' cgroup v1 cgroups
+// (cpu, pids), sent along for a kept agent to take (see PlaceCommands;
+// the result's CommandsPlaced says whether it did). Agents before them
+// refuse descriptors beyond the root, and those before the pids cgroup
+// more than one: only a claim, whose blank this edge started, sends them.
+func ResetRoot(ctx context.Context, conn net.Conn, root int, tasks []int, id *ResetIdentity) (*ResetResult, error) {
 	defer conn.Close()
 	uc, ok := conn.(*net.UnixConn)
 	if !ok {
@@ -54,10 +54,7 @@ func ResetRoot(ctx context.Context, conn net.Conn, root, tasks int, id *ResetIde
 	}
 	req := "POST /reset HTTP/1.1\r\nHost: " + agentHost + "\r\nContent-Length: " + strconv.Itoa(len(body)) +
 		"\r\nConnection: close\r\n\r\n" + string(body)
-	fds := []int{root}
-	if tasks >= 0 {
-		fds = append(fds, tasks)
-	}
+	fds := append([]int{root}, tasks...)
 	if _, _, err := uc.WriteMsgUnix([]byte(req), unix.UnixRights(fds...), nil); err != nil {
 		return nil, fmt.Errorf("reset: send: %w", err)
 	}

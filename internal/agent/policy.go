@@ -135,13 +135,13 @@ type spawnRes struct {
 	err error
 }
 
-// newSpawner starts a spawner thread: with tasks (>= 0) it moves itself
-// into the commands' cgroup v1 cpu cgroup, whose tasks file that is; with
+// newSpawner starts a spawner thread: it moves itself into the commands'
+// cgroup v1 cgroups whose tasks files are tasks (cpu, pids); with
 // noAdmin it gives up CAP_SYS_ADMIN (which a container's agent keeps for
 // resets), confines itself with Landlock to rules and, if filter is set,
 // installs the commands' seccomp filter on top of the agent's. Every
-// command inherits all four.
-func newSpawner(root string, rules FileRules, noAdmin bool, filter []byte, tasks int) (*spawner, error) {
+// command inherits all of it.
+func newSpawner(root string, rules FileRules, noAdmin bool, filter []byte, tasks []int) (*spawner, error) {
 	sp := &spawner{reqs: make(chan spawnReq)}
 	ready := make(chan error, 1)
 	go func() {
@@ -162,17 +162,17 @@ func newSpawner(root string, rules FileRules, noAdmin bool, filter []byte, tasks
 				return
 			}
 		}
-		if tasks >= 0 {
-			// cgroup v1 places threads one by one: this one, and so every
-			// command it forks, is charged to the commands' CPU quota;
-			// the agent's other threads are not. It joins last, before
-			// its first fork: confining itself is the agent's work, and
-			// at cpu 0.05 (5 ms a period) the milliseconds it takes
-			// left a first command throttled until the next period.
-			// The write needs no capability (the opener's credentials
-			// count) and neither rule set forbids it.
-			if _, err := unix.Write(tasks, []byte(strconv.Itoa(unix.Gettid()))); err != nil {
-				ready <- fmt.Errorf("join the commands' cpu cgroup: %w", err)
+		// cgroup v1 places threads one by one: this one, and so every
+		// command it forks, is charged to the commands' CPU quota and
+		// counted against their pids limit; the agent's other threads
+		// are not. It joins last, before its first fork: confining
+		// itself is the agent's work, and at cpu 0.05 (5 ms a period)
+		// the milliseconds it takes left a first command throttled
+		// until the next period. The write needs no capability (the
+		// opener's credentials count) and neither rule set forbids it.
+		for _, fd := range tasks {
+			if _, err := unix.Write(fd, []byte(strconv.Itoa(unix.Gettid()))); err != nil {
+				ready <- fmt.Errorf("join the commands' cgroup: %w", err)
 				return
 			}
 		}

@@ -30,7 +30,7 @@ type ResetResult struct {
 	// otherwise it is re-executing and the next connection reaches a new
 	// instance.
 	Kept bool `json:"kept,omitempty"`
-	// CommandsPlaced: the kept agent took the commands' cgroup tasks file
+	// CommandsPlaced: the kept agent took the commands' cgroup tasks files
 	// that came with the request (see handleReset); otherwise the edge
 	// places them as after a start (PlaceCommands).
 	CommandsPlaced bool `json:"commands_placed,omitempty"`
@@ -94,26 +94,20 @@ func (s *Server) handleReset(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, errdefs.Invalid("reset in place needs the agent to be PID 1 of a container"))
 		return
 	}
-	if len(fds) != 1 && len(fds) != 2 {
-		closeFDs(fds)
-		s.writeError(w, r, errdefs.Invalid("reset needs the new root file system as one file descriptor (and the commands' cgroup tasks file as a second), got %d", len(fds)))
+	if len(fds) < 1 {
+		s.writeError(w, r, errdefs.Invalid("reset needs the new root file system as a file descriptor (and the commands' cgroup tasks files after it), got none"))
 		return
 	}
-	tasks := -1
-	if len(fds) == 2 {
-		tasks = fds[1]
-		var st unix.Statfs_t
-		if err := unix.Fstatfs(tasks, &st); err != nil || st.Type != unix.CGROUP_SUPER_MAGIC {
+	// The commands' cgroup tasks files, closed unless a kept agent takes
+	// them below.
+	tasks := fds[1:]
+	if len(tasks) > 0 {
+		if err := checkTasksFiles(tasks); err != nil {
 			closeFDs(fds)
-			s.writeError(w, r, errdefs.Invalid("reset: the second descriptor is not a cgroup v1 file"))
+			s.writeError(w, r, fmt.Errorf("reset: %w", err))
 			return
 		}
-		// Closed unless a kept agent takes it below.
-		defer func() {
-			if tasks >= 0 {
-				unix.Close(tasks)
-			}
-		}()
+		defer func() { closeFDs(tasks) }()
 	}
 	root, log, t0 := fds[0], logger(r), time.Now()
 	var ident *ResetIdentity
@@ -177,15 +171,13 @@ func (s *Server) handleReset(w http.ResponseWriter, r *http.Request) {
 			log.WarnContext(r.Context(), "autostart", "err", err)
 		}
 		res := &ResetResult{Killed: killed, DurationMs: time.Since(t0).Milliseconds(), Instance: instance, Kept: true}
-		if tasks >= 0 && !s.noConfine {
+		if len(tasks) > 0 && !s.noConfine {
 			// The commands' cgroup, as PlaceCommands would set it, without
 			// a round trip of its own; the spawner that joins it is made
 			// after the answer, off the create's path.
 			s.policyMu.Lock()
-			if s.cmdTasks >= 0 {
-				unix.Close(s.cmdTasks)
-			}
-			s.cmdTasks, tasks = tasks, -1
+			closeFDs(s.cmdTasks)
+			s.cmdTasks, tasks = tasks, nil
 			s.policyMu.Unlock()
 			res.CommandsPlaced = true
 		}

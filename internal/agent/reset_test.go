@@ -33,7 +33,7 @@ func TestResetRefusedOutsideAContainer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = agent.ResetRoot(context.Background(), conn, int(f.Fd()), -1, nil)
+	_, err = agent.ResetRoot(context.Background(), conn, int(f.Fd()), nil, nil)
 	if !errors.Is(err, agent.ErrNoReset) || !strings.Contains(err.Error(), "PID 1") {
 		t.Fatalf("reset of a test agent: %v", err)
 	}

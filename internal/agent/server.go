@@ -109,10 +109,10 @@ type Server struct {
 	files    FileRules
 	phase    string
 	spawner  *spawner // nil until the phase's first command
-	// cmdTasks is the "tasks" file of the cgroup v1 cpu cgroup commands
-	// run in (-1: none, commands share the agent's cgroups): each spawner
-	// thread joins it, so its forks start there.
-	cmdTasks int
+	// cmdTasks are the "tasks" files of the cgroup v1 cgroups commands
+	// run in (none: commands share the agent's cgroups): each spawner
+	// thread joins them, so its forks start there.
+	cmdTasks []int
 }
 
 // New makes the calling process the agent: non-dumpable, the reaper of its
@@ -134,7 +134,7 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open root %s: %w", cfg.Root, err)
 	}
-	s := &Server{cfg: cfg, root: root, procs: newProcTable(), noConfine: cfg.NoConfine, cmdTasks: -1}
+	s := &Server{cfg: cfg, root: root, procs: newProcTable(), noConfine: cfg.NoConfine}
 	s.ports.max = int64(cfg.MaxPortConns)
 	if c := cfg.Carried; c != nil {
 		s.phase, s.files = c.Phase, c.Files

@@ -469,9 +469,9 @@ func (b *Backend) start(ctx context.Context, rec *record) (err error) {
 		b.runc.delete(context.WithoutCancel(ctx), id)
 		return err
 	}
-	if err := b.limitCPU(ctx, rec); err != nil {
+	if err := b.limitCommands(ctx, rec); err != nil {
 		b.runc.delete(context.WithoutCancel(ctx), id)
-		return fmt.Errorf("start sandbox %s: cpu quota: %w", id, err)
+		return fmt.Errorf("start sandbox %s: commands' limits: %w", id, err)
 	}
 	b.runc.protectAgent(id)
 	// Nothing but the edge reaches the agent before Create returns, so the

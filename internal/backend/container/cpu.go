@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/agent"
 )
 
@@ -19,7 +20,7 @@ const cfsPeriod = 100000
 // cpuShares is the cpu.shares of a sandbox that asked for cpu cores:
 // cpu × 1024, but never below the kernel's default. The sandbox's cpu
 // cgroup holds its agent, and on cgroup v1 the commands' quota is on a
-// child of its own (limitCPU): the weight decides how the agent serving
+// child of its own (limitCommands): the weight decides how the agent serving
 // an exec fares against the node's other work, while the quota alone
 // bounds what the tenant's commands take. At 51 (cpu 0.05) an agent lost
 // to a blank's `runc run` at nice 10 (a weight of 110): an exec while the
@@ -29,8 +30,8 @@ func cpuShares(cpu float64) int64 {
 	return max(int64(cpu*1024), defaultShares)
 }
 
-// cmdCgroup names the child of a sandbox's cgroup v1 cpu cgroup that its
-// commands run in.
+// cmdCgroup names the child of a sandbox's cgroup v1 cpu and pids cgroups
+// that its commands run in.
 const cmdCgroup = "cmd"
 
 // The commands' quota comes with a burst allowance of one quota
@@ -43,76 +44,141 @@ const cmdCgroup = "cmd"
 // project's paravirtualized machines — no longer outruns its 5 ms and
 // waits for the next period (55–90 ms).
 
-// limitCPU applies the sandbox's CPU quota once the container has started:
-// runc init (which compiles the seccomp filter) and the agent's start-up
-// would otherwise crawl under a small quota. Shares are set by runc from
-// the start.
+// AgentPidsReserve is how many tasks (processes and threads) a sandbox's
+// agent may have beyond its tenant's pids limit, on cgroup v1: the
+// commands run in a child pids cgroup (cmdCgroup) that holds the tenant's
+// limit, the sandbox's own has this much more. An agent (Go) needs a new
+// thread now and then, and one that cannot make it aborts: with a shared
+// limit, a fork bomb that used it all took the sandbox's agent with it.
+// The agent has 5–9 threads; a reset's re-execution replaces them.
+const AgentPidsReserve = 32
+
+// limitCommands applies the limits the tenant's commands run under, once
+// the container has started (runc init, which compiles the seccomp
+// filter, and the agent's start-up would otherwise crawl under a small
+// CPU quota; shares, memory and the pids limit runc sets from the start).
 //
-// On cgroup v1 the quota goes on a child cpu cgroup that only the
-// commands run in (the agent forks them from a thread placed there): the
-// agent serving an exec is not charged to a quota of, say, 5% of a core,
-// while every process of the tenant's is. Memory and pids limits stay on
-// the sandbox's cgroups and cover the agent and the commands together. On
-// cgroup v2, where the sandbox's cgroup id also keys its egress rules, the
-// quota stays on the sandbox's cgroup (docs/ARCHITECTURE.md, "CPU").
-func (b *Backend) limitCPU(ctx context.Context, rec *record) error {
-	id, cpu := rec.Spec.ID, rec.Spec.Resources.CPU
-	if cpu <= 0 {
-		return nil
-	}
+// On cgroup v1 the commands run in child cgroups of their own (cmdCgroup)
+// that the agent forks them into, from a thread placed there: a cpu one
+// with the quota, so that the agent serving an exec is not charged to a
+// quota of, say, 5% of a core while every process of the tenant's is; a
+// pids one with the tenant's limit, so that the agent keeps room for its
+// threads (AgentPidsReserve). Memory stays on the sandbox's cgroup and
+// covers the agent and the commands together. On cgroup v2, where the
+// sandbox's cgroup id also keys its egress rules, the quota and the pids
+// limit stay on the sandbox's cgroup (docs/ARCHITECTURE.md, "CPU").
+func (b *Backend) limitCommands(ctx context.Context, rec *record) error {
+	id, r := rec.Spec.ID, rec.Spec.Resources
 	st, err := b.runc.readState(id)
 	if err != nil {
 		return err
 	}
-	quota := int64(cpu * cfsPeriod)
-	if dir, ok := st.CgroupPaths["cpu"]; ok {
-		err := b.placeCommands(ctx, id, dir, quota)
-		if err == nil {
-			return nil
+	if _, v1 := st.CgroupPaths["cpu"]; r.CPU > 0 && !v1 {
+		dir, ok := st.CgroupPaths[""]
+		if !ok {
+			return fmt.Errorf("no cpu cgroup for %s", id)
 		}
-		b.log.WarnContext(ctx, "commands run in the agent's cpu cgroup: its quota throttles the agent too", "sandbox", id, "err", err)
-		return os.WriteFile(filepath.Join(dir, "cpu.cfs_quota_us"), []byte(strconv.FormatInt(quota, 10)), 0)
+		quota := int64(r.CPU * cfsPeriod)
+		if err := os.WriteFile(filepath.Join(dir, "cpu.max"), []byte(fmt.Sprintf("%d %d", quota, cfsPeriod)), 0); err != nil {
+			return err
+		}
 	}
-	if dir, ok := st.CgroupPaths[""]; ok {
-		return os.WriteFile(filepath.Join(dir, "cpu.max"), []byte(fmt.Sprintf("%d %d", quota, cfsPeriod)), 0)
-	}
-	return fmt.Errorf("no cpu cgroup for %s", id)
-}
-
-// placeCommands makes (or keeps) the commands' cpu cgroup under dir with
-// the quota and hands its tasks file to the agent; then it lifts any quota
-// from the agent's own cgroup (one a failed hand-off put there).
-func (b *Backend) placeCommands(ctx context.Context, id, dir string, quota int64) error {
-	tasks, err := commandsCgroup(dir, quota)
-	if err != nil {
+	tasks, err := commandsCgroups(st, r)
+	if err != nil || len(tasks) == 0 {
 		return err
 	}
-	defer unix.Close(tasks)
+	defer closeAll(tasks)
+	err = b.placeCommands(ctx, id, tasks)
+	if err != nil && len(tasks) > 1 {
+		// An agent older than the pids cgroup takes the cpu one alone
+		// (commandsCgroups puts it first).
+		err = b.placeCommands(ctx, id, tasks[:1])
+		if err == nil {
+			b.log.InfoContext(ctx, "the agent is older than the commands' pids cgroup: they share its pids limit", "sandbox", id)
+			if r.CPU > 0 {
+				return commandsPlaced(st, api.Resources{CPU: r.CPU})
+			}
+			return nil
+		}
+	}
+	if err != nil {
+		b.log.WarnContext(ctx, "commands run in the agent's cgroups: its cpu quota throttles the agent too", "sandbox", id, "err", err)
+		if dir, ok := st.CgroupPaths["cpu"]; ok && r.CPU > 0 {
+			return os.WriteFile(filepath.Join(dir, "cpu.cfs_quota_us"), []byte(strconv.FormatInt(int64(r.CPU*cfsPeriod), 10)), 0)
+		}
+		return nil
+	}
+	return commandsPlaced(st, r)
+}
+
+// placeCommands hands the commands' cgroups' tasks files to the agent.
+func (b *Backend) placeCommands(ctx context.Context, id string, tasks []int) error {
 	conn, err := b.Dial(ctx, id)
 	if err != nil {
 		return err
 	}
-	if err := agent.PlaceCommands(ctx, conn, tasks); err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(dir, "cpu.cfs_quota_us"), []byte("-1"), 0)
+	return agent.PlaceCommands(ctx, conn, tasks...)
 }
 
-// commandsCgroup makes (or keeps) the commands' cpu cgroup under dir with
-// the quota and opens its tasks file, for the agent to place its spawner
-// there (write permission is the opener's).
-func commandsCgroup(dir string, quota int64) (int, error) {
+// commandsPlaced sets the sandbox's own cgroups once its agent forks the
+// commands into theirs: no CPU quota on the agent (one a failed placement
+// put there) and the pids limit with the agent's reserve.
+func commandsPlaced(st containerState, r api.Resources) error {
+	if dir, ok := st.CgroupPaths["cpu"]; ok && r.CPU > 0 {
+		if err := os.WriteFile(filepath.Join(dir, "cpu.cfs_quota_us"), []byte("-1"), 0); err != nil {
+			return err
+		}
+	}
+	if dir, ok := st.CgroupPaths["pids"]; ok && r.Pids > 0 {
+		if err := os.WriteFile(filepath.Join(dir, "pids.max"), []byte(strconv.FormatInt(r.Pids+AgentPidsReserve, 10)), 0); err != nil {
+			return fmt.Errorf("pids.max: %w", err)
+		}
+	}
+	return nil
+}
+
+// commandsCgroups makes (or keeps) the commands' cgroup v1 cgroups of a
+// sandbox that r asks for — cpu with the quota (first), pids with the
+// limit — and opens their tasks files, for the agent to place its spawner
+// there (write permission is the opener's). None on cgroup v2.
+func commandsCgroups(st containerState, r api.Resources) (tasks []int, err error) {
+	defer func() {
+		if err != nil {
+			closeAll(tasks)
+			tasks = nil
+		}
+	}()
+	if dir, ok := st.CgroupPaths["cpu"]; ok && r.CPU > 0 {
+		quota := strconv.FormatInt(int64(r.CPU*cfsPeriod), 10)
+		fd, err := commandsCgroup(dir, [][2]string{{"cpu.cfs_period_us", strconv.Itoa(cfsPeriod)}, {"cpu.cfs_quota_us", quota}, {"cpu.cfs_burst_us", quota}})
+		if err != nil {
+			return tasks, fmt.Errorf("commands' cpu cgroup: %w", err)
+		}
+		tasks = append(tasks, fd)
+	}
+	if dir, ok := st.CgroupPaths["pids"]; ok && r.Pids > 0 {
+		fd, err := commandsCgroup(dir, [][2]string{{"pids.max", strconv.FormatInt(r.Pids, 10)}})
+		if err != nil {
+			return tasks, fmt.Errorf("commands' pids cgroup: %w", err)
+		}
+		tasks = append(tasks, fd)
+	}
+	return tasks, nil
+}
+
+// commandsCgroup makes (or keeps) the commands' child of the cgroup dir,
+// writes settings to it and opens its tasks file. cpu.cfs_burst_us is
+// skipped on a kernel without it (before 5.14).
+func commandsCgroup(dir string, settings [][2]string) (int, error) {
 	cmd := filepath.Join(dir, cmdCgroup)
 	if err := os.Mkdir(cmd, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 		return -1, err
 	}
-	for _, kv := range [][2]string{{"cpu.cfs_period_us", strconv.Itoa(cfsPeriod)}, {"cpu.cfs_quota_us", strconv.FormatInt(quota, 10)}} {
-		if err := os.WriteFile(filepath.Join(cmd, kv[0]), []byte(kv[1]), 0); err != nil {
+	for _, kv := range settings {
+		err := os.WriteFile(filepath.Join(cmd, kv[0]), []byte(kv[1]), 0)
+		if err != nil && !(kv[0] == "cpu.cfs_burst_us" && errors.Is(err, os.ErrNotExist)) {
 			return -1, fmt.Errorf("%s: %w", kv[0], err)
 		}
-	}
-	if err := os.WriteFile(filepath.Join(cmd, "cpu.cfs_burst_us"), []byte(strconv.FormatInt(quota, 10)), 0); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return -1, fmt.Errorf("cpu.cfs_burst_us: %w", err)
 	}
 	tasks, err := unix.Open(filepath.Join(cmd, "tasks"), unix.O_WRONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -121,15 +187,8 @@ func commandsCgroup(dir string, quota int64) (int, error) {
 	return tasks, nil
 }
 
-// claimTasks prepares the commands' cpu cgroup of a sandbox being claimed
-// and opens its tasks file, which goes to the agent with the new root
-// (agent.ResetRoot): the claim then needs no placement round trip. -1
-// when the commands share the agent's cgroup (no CPU request) or the
-// quota is cgroup v2's (on the sandbox's cgroup, see limitCPU).
-func claimTasks(st containerState, cpu float64) (int, error) {
-	dir, ok := st.CgroupPaths["cpu"]
-	if cpu <= 0 || !ok {
-		return -1, nil
+func closeAll(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
 	}
-	return commandsCgroup(dir, int64(cpu*cfsPeriod))
 }

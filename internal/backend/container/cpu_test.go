@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -12,8 +13,10 @@ import (
 	"time"
 
 	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/agent"
 	"github.com/dsec-project/dsec/internal/backend"
 	"github.com/dsec-project/dsec/internal/backend/backendtest"
+	"github.com/dsec-project/dsec/internal/backend/container"
 	"github.com/dsec-project/dsec/internal/testutil"
 )
 
@@ -191,4 +194,93 @@ func throttled(t *testing.T, dir string) int {
 	}
 	t.Fatalf("no nr_throttled in %s/cpu.stat", dir)
 	return 0
+}
+
+// TestPidsReserve checks that a sandbox's commands cannot take the pids
+// its agent needs: on cgroup v1 they run in a child pids cgroup with the
+// tenant's limit, the sandbox's own has a reserve more. Commands that
+// use up their limit leave the agent serving (a Go agent that cannot
+// make a thread it needs aborts), and a reset brings the sandbox back.
+func TestPidsReserve(t *testing.T) {
+	b, root := testBackend(t)
+	ctx := context.Background()
+	base := backendtest.MinimalLayer(t, t.TempDir())
+	id := "pids-" + filepath.Base(root)
+	const limit = 48
+	// No CPU request: the pids cgroup alone is placed.
+	sp := backend.Spec{ID: id, Backend: api.BackendContainer, Layers: []backend.Layer{base},
+		Resources: api.Resources{MemoryMB: 64, Pids: limit}, Network: api.Network{Mode: api.NetworkNone}}
+	if err := b.Create(ctx, sp); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Destroy(context.Background(), id) })
+
+	paths := cgroupPaths(t, root, id)
+	dir, v1 := paths["pids"]
+	if !v1 {
+		if got := readTrim(t, filepath.Join(paths[""], "pids.max")); got != strconv.Itoa(limit) {
+			t.Fatalf("cgroup v2: pids.max of the sandbox: %q", got)
+		}
+		return
+	}
+	cmd := filepath.Join(dir, "cmd")
+	placed := func(t *testing.T) {
+		if got := readTrim(t, filepath.Join(cmd, "pids.max")); got != strconv.Itoa(limit) {
+			t.Fatalf("the commands' pids.max is %s, want %d", got, limit)
+		}
+		if got, want := readTrim(t, filepath.Join(dir, "pids.max")), strconv.Itoa(limit+container.AgentPidsReserve); got != want {
+			t.Fatalf("the sandbox's pids.max is %s, want %s", got, want)
+		}
+		if out, code := sh(t, b, id, "sleep 60 >/dev/null 2>&1 &"); code != 0 {
+			t.Fatalf("start a sleep: %s", out)
+		}
+		defer sh(t, b, id, "pkill sleep")
+		if findProc(t, tasks(t, cmd), "sleep 60") == 0 {
+			t.Fatal("a command's child is not in the commands' pids cgroup")
+		}
+	}
+	t.Run("commands have the tenant's limit, the agent a reserve", placed)
+
+	t.Run("commands that use their limit up leave the agent serving", func(t *testing.T) {
+		// More sleeps than the limit allows (the shell gives up at its
+		// first failed fork), then sleeps started by the agent itself
+		// until the commands' cgroup is full.
+		sh(t, b, id, fmt.Sprintf("i=0; while [ $i -lt %d ]; do sleep 600 >/dev/null 2>&1 & i=$((i+1)); done 2>/dev/null", 2*limit))
+		ag := agent.NewClient(func(ctx context.Context) (net.Conn, error) { return b.Dial(ctx, id) })
+		defer ag.Close()
+		testutil.EventuallyTrue(t, 30*time.Second, "the commands' cgroup full", func() bool {
+			if _, err := ag.Exec(ctx, &api.ExecRequest{Cmd: []string{"sleep", "600"}, Background: true}); err != nil {
+				t.Fatalf("the agent failed to answer: %v", err)
+			}
+			return readTrim(t, filepath.Join(cmd, "pids.current")) == strconv.Itoa(limit)
+		})
+		// The agent answers every request, and can still make threads:
+		// a command cannot start (its fork fails) but is reported as
+		// such.
+		for range 5 {
+			if out, code := sh(t, b, id, "true"); code == 0 {
+				t.Fatalf("a command started in a full commands' cgroup: %s", out)
+			}
+		}
+		if cur, max := readTrim(t, filepath.Join(dir, "pids.current")), limit+container.AgentPidsReserve; cur == strconv.Itoa(max) {
+			t.Fatalf("the sandbox's cgroup is full (%s): the agent has no room left", cur)
+		}
+	})
+
+	if err := b.Reset(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if out, code := sh(t, b, id, "true"); code != 0 {
+		t.Fatalf("true after the reset: %d %s", code, out)
+	}
+	t.Run("after a reset in place", placed)
+
+	if err := b.Destroy(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{cmd, dir} {
+		if _, err := os.Stat(d); !os.IsNotExist(err) {
+			t.Errorf("cgroup %s left after destroy: %v", d, err)
+		}
+	}
 }

@@ -639,7 +639,7 @@ func isCgroup2(dir string) bool {
 // applyLimits writes to a running container's cgroups the limits runc
 // writes at start for r (see resources): memory (with swap equal to it),
 // CPU shares and pids. The CPU quota comes after the root switch, as
-// after a reset (limitCPU).
+// after a reset (limitCommands).
 func applyLimits(st containerState, r api.Resources) error {
 	write := func(dir, file string, v int64) error {
 		return os.WriteFile(filepath.Join(dir, file), []byte(strconv.FormatInt(v, 10)), 0)

@@ -101,7 +101,8 @@ func (b *Backend) recordBaseline(id string) {
 
 func (b *Backend) forgetBaseline(id string) { baselines.Delete(b.dir(id)) }
 
-// onlyInit reports whether the container's cgroup holds its init alone.
+// onlyInit reports whether the container's cgroup holds its init alone
+// (its commands' child, cmdCgroup, included).
 func onlyInit(st containerState) (bool, error) {
 	dir := ""
 	for _, k := range []string{"", "pids", "memory", "cpu", "freezer"} {
@@ -115,6 +116,11 @@ func onlyInit(st containerState) (bool, error) {
 	}
 	b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
 	if err != nil {
+		return false, err
+	}
+	if cmd, err := os.ReadFile(filepath.Join(dir, cmdCgroup, "cgroup.procs")); err == nil {
+		b = append(append(b, '\n'), cmd...)
+	} else if !errors.Is(err, os.ErrNotExist) {
 		return false, err
 	}
 	for _, f := range strings.Fields(string(b)) {

@@ -91,14 +91,12 @@ func (b *Backend) resetInPlace(ctx context.Context, rec *record, ident *agent.Re
 		return err
 	}
 	defer releaseRoot()
-	tasks := -1
-	if ident != nil { // a claim: the blank's agent takes the tasks file along
-		if tasks, err = claimTasks(st, rec.Spec.Resources.CPU); err != nil {
-			return fmt.Errorf("commands' cpu cgroup: %w", err)
+	var tasks []int
+	if ident != nil { // a claim: the blank's agent takes the tasks files along
+		if tasks, err = commandsCgroups(st, rec.Spec.Resources); err != nil {
+			return err
 		}
-		if tasks >= 0 {
-			defer unix.Close(tasks)
-		}
+		defer closeAll(tasks)
 	}
 	tAgent := time.Now()
 	res, err := agent.ResetRoot(ctx, conn, root, tasks, ident)
@@ -140,11 +138,13 @@ func (b *Backend) resetInPlace(ctx context.Context, rec *record, ident *agent.Re
 	}
 	tUp := time.Now()
 	// The new agent forks its commands from a thread of its own: it needs
-	// the commands' cpu cgroup again (a kept one took it with the root).
-	if !res.CommandsPlaced {
-		if err := b.limitCPU(ctx, rec); err != nil {
-			return fmt.Errorf("cpu quota after reset: %w", err)
+	// the commands' cgroups again (a kept one took them with the root).
+	if res.CommandsPlaced {
+		if err := commandsPlaced(st, rec.Spec.Resources); err != nil {
+			return fmt.Errorf("commands' limits: %w", err)
 		}
+	} else if err := b.limitCommands(ctx, rec); err != nil {
+		return fmt.Errorf("commands' limits after reset: %w", err)
 	}
 	// Allowlisted names resolve again, as after a restart.
 	if rec.Spec.NeedsNetwork && rec.CgroupID != 0 {
