@@ -79,15 +79,18 @@ type Backend struct {
 	// runcCopy is the sealed copy of runc that runc.exe executes; nil:
 	// none (sealedCopy).
 	runcCopy *os.File
-	layers   *mount.Layers
-	startNS  *startNS // where runc starts containers
-	cgroups  v1Hierarchies
-	runtime  string // the lowest lower layer: the agent and mount points
-	disks    *disk.Templates
-	nets     netState
-	userns   usernsCache
-	pool     *pool // nil: off
-	log      *slog.Logger
+	// parentLock holds the host-wide lock of cfg.CgroupParent
+	// (lockCgroupParent).
+	parentLock *os.File
+	layers     *mount.Layers
+	startNS    *startNS // where runc starts containers
+	cgroups    v1Hierarchies
+	runtime    string // the lowest lower layer: the agent and mount points
+	disks      *disk.Templates
+	nets       netState
+	userns     usernsCache
+	pool       *pool // nil: off
+	log        *slog.Logger
 
 	mu        sync.Mutex
 	sandboxes map[string]*record
@@ -124,7 +127,7 @@ type record struct {
 var _ backend.Backend = (*Backend)(nil)
 
 // New prepares the backend's directories and runtime layer.
-func New(cfg Config) (*Backend, error) {
+func New(cfg Config) (_ *Backend, err error) {
 	if cfg.Runc == "" {
 		cfg.Runc = "runc"
 	}
@@ -146,6 +149,19 @@ func New(cfg Config) (*Backend, error) {
 	if uint64(cfg.UIDBase)+uint64(cfg.MaxSandboxes)*idmap.Size > 1<<32-1 {
 		return nil, errdefs.Invalid("container backend: %d sandboxes of %d ids from uid %d overflow 32 bits", cfg.MaxSandboxes, idmap.Size, cfg.UIDBase)
 	}
+	lock, err := lockCgroupParent(cfg.CgroupParent, cfg.Root)
+	if errors.Is(err, errdefs.ErrFailedPrecondition) {
+		return nil, fmt.Errorf("container backend: %w", err)
+	} else if err != nil {
+		// No /run to lock in: as before the lock, nothing stops a second
+		// backend from sharing the parent.
+		cfg.Logger.Warn("container backend: the cgroup parent is not locked", "err", err)
+	}
+	defer func() {
+		if err != nil {
+			lock.Close()
+		}
+	}()
 	for _, d := range []string{"sandboxes", "layers", "runc", "runtime"} {
 		if err := os.MkdirAll(filepath.Join(cfg.Root, d), 0o700); err != nil {
 			return nil, fmt.Errorf("container backend: %w", err)
@@ -163,13 +179,14 @@ func New(cfg Config) (*Backend, error) {
 		return nil, fmt.Errorf("container backend: %w", err)
 	}
 	b := &Backend{
-		cfg:       cfg,
-		runc:      runc{bin: cfg.Runc, root: filepath.Join(cfg.Root, "runc"), log: cfg.Logger, spares: newSpares(cfg.CgroupParent, cfg.SpareMemcgs)},
-		layers:    layers,
-		disks:     disks,
-		log:       cfg.Logger.With("backend", api.BackendContainer),
-		sandboxes: map[string]*record{},
-		uids:      map[uint32]string{},
+		cfg:        cfg,
+		parentLock: lock,
+		runc:       runc{bin: cfg.Runc, root: filepath.Join(cfg.Root, "runc"), log: cfg.Logger, spares: newSpares(cfg.CgroupParent, cfg.SpareMemcgs)},
+		layers:     layers,
+		disks:      disks,
+		log:        cfg.Logger.With("backend", api.BackendContainer),
+		sandboxes:  map[string]*record{},
+		uids:       map[uint32]string{},
 	}
 	if b.cgroups, err = hostV1Hierarchies(); err != nil {
 		return nil, fmt.Errorf("container backend: %w", err)
@@ -629,6 +646,7 @@ func (b *Backend) Close() error {
 	if b.runcCopy != nil {
 		b.runcCopy.Close()
 	}
+	defer b.parentLock.Close() // last: the next backend may sweep the parent
 	b.mu.Lock()
 	left := len(b.sandboxes)
 	b.mu.Unlock()

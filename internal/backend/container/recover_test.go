@@ -22,6 +22,7 @@ import (
 	"github.com/dsec-project/dsec/internal/backend/backendtest"
 	"github.com/dsec-project/dsec/internal/backend/container"
 	"github.com/dsec-project/dsec/internal/edge"
+	"github.com/dsec-project/dsec/internal/errdefs"
 	"github.com/dsec-project/dsec/internal/mount"
 	"github.com/dsec-project/dsec/internal/testutil"
 )
@@ -35,8 +36,10 @@ func newBackend(t *testing.T, root, cgroupParent string) *container.Backend {
 		t.Fatal(err)
 	}
 	// A backend of a test is abandoned, not closed, to play an edge that
-	// died; closing it at the end removes the spare memory cgroups it
-	// kept, as the next start would.
+	// died (whose death releases its cgroup parent's lock); closing it at
+	// the end removes the spare memory cgroups it kept, as the next start
+	// would.
+	container.PlayDead(b)
 	t.Cleanup(func() { b.Close() })
 	return b
 }
@@ -232,4 +235,40 @@ func TestRecoverKilledAgent(t *testing.T) {
 	if entries, _ := os.ReadDir(filepath.Join(root, "sandboxes")); len(entries) != 0 {
 		t.Errorf("sandbox directories left: %v", entries)
 	}
+}
+
+// TestCgroupParentIsLocked checks that two backends on one host cannot
+// share a cgroup parent (each would sweep the other's cgroups as
+// leftovers at start) and that the parent is free again once the first
+// closes.
+func TestCgroupParentIsLocked(t *testing.T) {
+	testutil.Require(t, testutil.Root, testutil.Tool("runc"), testutil.File("/bin/busybox"))
+	agentBin := filepath.Join(testutil.Binaries(t), "dsec-agent")
+	first, second := t.TempDir(), t.TempDir()
+	parent := "dsec-test-" + filepath.Base(filepath.Dir(first))
+	t.Cleanup(func() {
+		testutil.UnmountAll(first)
+		testutil.UnmountAll(second)
+		dirs, _ := filepath.Glob("/sys/fs/cgroup/*/" + parent)
+		for _, d := range append(dirs, "/sys/fs/cgroup/"+parent) {
+			os.Remove(d)
+		}
+	})
+	a, err := container.New(container.Config{Root: first, AgentPath: agentBin, CgroupParent: parent})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = container.New(container.Config{Root: second, AgentPath: agentBin, CgroupParent: parent})
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), first) {
+		a.Close()
+		t.Fatalf("a second backend on the parent: %v; want ErrFailedPrecondition naming %s", err, first)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b, err := container.New(container.Config{Root: second, AgentPath: agentBin, CgroupParent: parent})
+	if err != nil {
+		t.Fatalf("the parent after the first closed: %v", err)
+	}
+	b.Close()
 }
