@@ -153,11 +153,31 @@ func (n *nodeFlags) nodeLayers(ctx context.Context, dataDir, storeLoc, localStor
 		Store: st, Dir: layerDir, Blobfs: blobfs.MountDir(bfsDir),
 		Mode: n.layers.mode, DirectBelow: n.layers.directBelow, Logger: log,
 	}
-	return edge.NewStoreLayers(cfg)
+	l, err := edge.NewStoreLayers(cfg)
+	if err != nil {
+		n.stopBlobfs(ctx, dataDir, log)
+		return nil, err
+	}
+	return l, nil
 }
 
 // startEdge builds this node's backends and edge over the layer store.
-func (n *nodeFlags) startEdge(ctx context.Context, dataDir string, layers edge.Layers, log *slog.Logger) (*edge.Edge, func(), error) {
+// The function it returns stops them and the node's blobfs (started by
+// nodeLayers); on an error it does so itself, so that a node that fails
+// to start (a missing runc, a cgroup parent another dsec holds) leaves
+// no FUSE mount or process behind.
+func (n *nodeFlags) startEdge(ctx context.Context, dataDir string, layers edge.Layers, log *slog.Logger) (_ *edge.Edge, _ func(), err error) {
+	closers := []func(){func() { n.stopBlobfs(ctx, dataDir, log) }}
+	stop := func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}
+	defer func() {
+		if err != nil {
+			stop()
+		}
+	}()
 	agent, err := n.agentBinary()
 	if err != nil {
 		return nil, nil, err
@@ -174,6 +194,7 @@ func (n *nodeFlags) startEdge(ctx context.Context, dataDir string, layers edge.L
 	if err != nil {
 		return nil, nil, err
 	}
+	closers = append(closers, func() { cb.Close() })
 	backends := []backend.Backend{cb}
 	mb, err := n.microvm.backend(ctx, filepath.Join(dataDir, "microvm"), agent, n.cgroupParent, n.maxFileBytes, log)
 	if err != nil {
@@ -181,6 +202,7 @@ func (n *nodeFlags) startEdge(ctx context.Context, dataDir string, layers edge.L
 	}
 	if mb != nil {
 		backends = append(backends, mb)
+		closers = append(closers, func() { mb.Close() })
 	}
 	fb, err := n.fullvm.backend(ctx, &n.microvm, filepath.Join(dataDir, "fullvm"), n.cgroupParent, n.maxFileBytes, log)
 	if err != nil {
@@ -188,6 +210,7 @@ func (n *nodeFlags) startEdge(ctx context.Context, dataDir string, layers edge.L
 	}
 	if fb != nil {
 		backends = append(backends, fb)
+		closers = append(closers, func() { fb.Close() })
 	}
 	ecfg := edge.Config{NodeID: n.nodeID, Backends: backends, Layers: layers, Logger: log,
 		Capacity: api.Resources{CPU: n.cpu, MemoryMB: n.memoryMB, DiskMB: n.diskMB}, DiskDir: dataDir}
@@ -198,29 +221,25 @@ func (n *nodeFlags) startEdge(ctx context.Context, dataDir string, layers edge.L
 	if err != nil {
 		return nil, nil, err
 	}
-	return e, func() {
-		cb.Close()
-		if mb != nil {
-			mb.Close()
-		}
-		if fb != nil {
-			fb.Close()
-		}
-		// A node that stops with no sandbox left leaves no FUSE mount or
-		// process behind; one whose sandboxes live on keeps their blobfs.
-		if n.stopBlobfsSupervisor != nil {
-			n.stopBlobfsSupervisor()
-		}
-		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if stopped, err := blobfs.StopDaemon(sctx, filepath.Join(dataDir, "blobfs")); err != nil {
-			log.WarnContext(ctx, "blobfs left running", "err", err)
-		} else if stopped {
-			log.InfoContext(ctx, "blobfs stopped: no layer in use")
-		} else {
-			log.InfoContext(ctx, "blobfs left serving the sandboxes that outlive this process")
-		}
-	}, nil
+	return e, stop, nil
+}
+
+// stopBlobfs stops the node's blobfs unless layers over it are still in
+// use: a node that stops with no sandbox left leaves no FUSE mount or
+// process behind; one whose sandboxes live on keeps their blobfs.
+func (n *nodeFlags) stopBlobfs(ctx context.Context, dataDir string, log *slog.Logger) {
+	if n.stopBlobfsSupervisor != nil {
+		n.stopBlobfsSupervisor()
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if stopped, err := blobfs.StopDaemon(sctx, filepath.Join(dataDir, "blobfs")); err != nil {
+		log.WarnContext(ctx, "blobfs left running", "err", err)
+	} else if stopped {
+		log.InfoContext(ctx, "blobfs stopped: no layer in use")
+	} else {
+		log.InfoContext(ctx, "blobfs left serving the sandboxes that outlive this process")
+	}
 }
 
 func serverCmd(ctx context.Context, args []string) error {

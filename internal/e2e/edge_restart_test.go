@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/backend/container"
 	"github.com/dsec-project/dsec/internal/edge"
 	"github.com/dsec-project/dsec/internal/testutil"
 )
@@ -151,6 +152,7 @@ func (e *edgeProc) cleanup() {
 	}
 	testutil.UnmountAll(e.data)
 	testutil.StopBlobfs(filepath.Join(e.data, "blobfs"))
+	os.Remove(container.LockPath(e.parent)) // a killed edge leaves it
 	dirs, _ := filepath.Glob("/sys/fs/cgroup/*/" + e.parent)
 	for _, d := range append(dirs, "/sys/fs/cgroup/"+e.parent) {
 		kids, _ := filepath.Glob(d + "/*")

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dsec-project/dsec/internal/backend/container"
 	"github.com/dsec-project/dsec/internal/testutil"
 )
 
@@ -168,6 +169,7 @@ func (e *joinedEdge) cleanup(t *testing.T) {
 		}
 		syscall.Rmdir(cg)
 	}
+	os.Remove(container.LockPath(e.cgroup)) // a killed edge leaves it
 	os.RemoveAll(e.dir)
 }
 

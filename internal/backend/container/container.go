@@ -159,7 +159,7 @@ func New(cfg Config) (_ *Backend, err error) {
 	}
 	defer func() {
 		if err != nil {
-			lock.Close()
+			unlockCgroupParent(lock)
 		}
 	}()
 	for _, d := range []string{"sandboxes", "layers", "runc", "runtime"} {
@@ -646,7 +646,11 @@ func (b *Backend) Close() error {
 	if b.runcCopy != nil {
 		b.runcCopy.Close()
 	}
-	defer b.parentLock.Close() // last: the next backend may sweep the parent
+	defer func() {
+		// Last: the next backend may sweep the parent.
+		unlockCgroupParent(b.parentLock)
+		b.parentLock = nil
+	}()
 	b.mu.Lock()
 	left := len(b.sandboxes)
 	b.mu.Unlock()

@@ -43,6 +43,7 @@ func conformance(t *testing.T, pool container.PoolConfig) {
 			t.Cleanup(func() {
 				claims.Add(b.PoolStats().Claims)
 				b.Close()
+				os.Remove(container.LockPath(parent)) // PlayDead leaves it, as a death does
 				testutil.UnmountAll(root)
 				dirs, _ := filepath.Glob("/sys/fs/cgroup/*/" + parent)
 				for _, d := range append(dirs, "/sys/fs/cgroup/"+parent) {

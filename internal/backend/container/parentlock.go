@@ -29,22 +29,48 @@ func lockCgroupParent(parent, root string) (*os.File, error) {
 	if err := os.MkdirAll(lockDir, 0o700); err != nil {
 		return nil, fmt.Errorf("cgroup parent lock: %w", err)
 	}
-	name := "cgroup-" + strings.ReplaceAll(strings.Trim(filepath.Clean("/"+parent), "/"), "/", "_") + ".lock"
-	f, err := os.OpenFile(filepath.Join(lockDir, name), os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("cgroup parent lock: %w", err)
-	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		holder, _ := os.ReadFile(f.Name())
-		f.Close()
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("cgroup parent %q is in use by another dsec on this host (%s): give each its own --cgroup-parent: %w",
-				parent, strings.TrimSpace(string(holder)), errdefs.ErrFailedPrecondition)
+	path := LockPath(parent)
+	for {
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("cgroup parent lock: %w", err)
 		}
-		return nil, fmt.Errorf("cgroup parent lock: %w", err)
+		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+			holder, _ := os.ReadFile(path)
+			f.Close()
+			if errors.Is(err, unix.EWOULDBLOCK) {
+				return nil, fmt.Errorf("cgroup parent %q is in use by another dsec on this host (%s): give each its own --cgroup-parent: %w",
+					parent, strings.TrimSpace(string(holder)), errdefs.ErrFailedPrecondition)
+			}
+			return nil, fmt.Errorf("cgroup parent lock: %w", err)
+		}
+		// The holder before us may have removed the file between our
+		// open and our lock (unlockCgroupParent): then the lock is on
+		// a file nobody else will open, and we start over.
+		var held, named unix.Stat_t
+		if unix.Fstat(int(f.Fd()), &held) == nil && unix.Stat(path, &named) == nil && held.Ino == named.Ino && held.Dev == named.Dev {
+			if err := f.Truncate(0); err == nil {
+				fmt.Fprintf(f, "pid %d, data %s\n", os.Getpid(), root)
+			}
+			return f, nil
+		}
+		f.Close()
 	}
-	if err := f.Truncate(0); err == nil {
-		fmt.Fprintf(f, "pid %d, data %s\n", os.Getpid(), root)
+}
+
+// LockPath is the file a container backend locks its cgroup parent by
+// (lockCgroupParent): removed by Close, left by a death.
+func LockPath(parent string) string {
+	return filepath.Join(lockDir, "cgroup-"+strings.ReplaceAll(strings.Trim(filepath.Clean("/"+parent), "/"), "/", "_")+".lock")
+}
+
+// unlockCgroupParent removes the lock file and releases the lock (a nil
+// f: none was taken). The file goes first, while the lock is held, so
+// that no one takes a lock on it that the next taker would not see.
+func unlockCgroupParent(f *os.File) {
+	if f == nil {
+		return
 	}
-	return f, nil
+	os.Remove(f.Name())
+	f.Close()
 }

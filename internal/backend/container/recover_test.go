@@ -40,7 +40,10 @@ func newBackend(t *testing.T, root, cgroupParent string) *container.Backend {
 	// the end removes the spare memory cgroups it kept, as the next start
 	// would.
 	container.PlayDead(b)
-	t.Cleanup(func() { b.Close() })
+	t.Cleanup(func() {
+		b.Close()
+		os.Remove(container.LockPath(cgroupParent)) // a death leaves it
+	})
 	return b
 }
 
@@ -271,4 +274,7 @@ func TestCgroupParentIsLocked(t *testing.T) {
 		t.Fatalf("the parent after the first closed: %v", err)
 	}
 	b.Close()
+	if _, err := os.Stat(container.LockPath(parent)); !os.IsNotExist(err) {
+		t.Errorf("the lock file is left after Close: %v", err)
+	}
 }
