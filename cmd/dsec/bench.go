@@ -85,6 +85,8 @@ func benchCmd(ctx context.Context, args []string) error {
 		fs.IntVar(&cfg.Singles, "singles", 5, "create→first exec→destroy cycles timed per step")
 		fs.IntVar(&cfg.Execs, "execs", 50, "warm execs on random live sandboxes timed per step")
 		fs.DurationVar(&cfg.Pause, "pause", 0, "wait between a single's destroy and the next single's create (0: back to back)")
+		fs.BoolVar(&cfg.Empty, "empty", true, "time the singles again on the empty node after the teardown, a baseline next to the first step")
+		fs.Float64Var(&cfg.Rest, "rest", 0.15, "time the singles once the machine's CPUs are at most this share busy over a second (at most 60s after the batch; 0: at once)")
 		fs.IntVar(&cfg.BaselineN, "baseline-n", 10, "bare `runc run`s timed at the first and the last step (0: none)")
 		fs.StringVar(&cfg.WorkDir, "workdir", os.TempDir(), "scratch directory for the baseline")
 		fs.StringVar(&cfg.Runc, "runc", "runc", "runc binary for the baseline")
@@ -92,8 +94,8 @@ func benchCmd(ctx context.Context, args []string) error {
 		if _, _, err := parseArgs(fs, args); err != nil {
 			return err
 		}
-		if cfg.Step <= 0 || cfg.CPU <= 0 || cfg.MemoryMB <= 0 || cfg.Pause < 0 {
-			return errors.New("dsec bench density: --step, --cpu and --memory must be positive, --pause not negative")
+		if cfg.Step <= 0 || cfg.CPU <= 0 || cfg.MemoryMB <= 0 || cfg.Pause < 0 || cfg.Rest < 0 || cfg.Rest > 1 {
+			return errors.New("dsec bench density: --step, --cpu and --memory must be positive, --pause not negative, --rest from 0 to 1")
 		}
 		if os.Geteuid() != 0 {
 			return errors.New("dsec bench density reads the node's /proc and runs runc: run it as root on the server's machine")

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -34,6 +35,14 @@ type DensityConfig struct {
 	// create: with it, a create no longer overlaps what the previous
 	// sandbox's destroy left to the kernel and the pool's refill.
 	Pause time.Duration
+	// Rest is the busy share of the machine's CPUs (0 to 1) under which,
+	// over a second, the node counts as at rest: after each batch the
+	// singles wait for it (at most restWait), as a create arriving at a
+	// full node between bursts would find it. 0 does not wait.
+	Rest float64
+	// Empty times the singles again on the empty node after the
+	// teardown, the summary's baseline next to the first step.
+	Empty bool
 	// BaselineN bare `runc run`s are timed at the first and at the last
 	// step (0: none), in WorkDir with Runc.
 	BaselineN int
@@ -82,6 +91,11 @@ type densityRow struct {
 	// work a create → exec → destroy costs the node, which unlike its
 	// latency the hypervisor's steal does not inflate.
 	cpuPerSingle time.Duration
+	// settled is how long the singles waited for the machine to come to
+	// rest after the batch, and restBusy its busy share when they began.
+	settled      time.Duration
+	restBusy     float64
+	rested       bool // it came to rest within restWait
 	runcMeasured bool
 	runErr       error
 }
@@ -125,6 +139,9 @@ func Density(ctx context.Context, cfg DensityConfig) (err error) {
 	}
 	fmt.Fprintf(w, "dsec bench density: %s, cpu %g, memory_mb %d; steps of %d up to %d live; %d single creates and %d warm execs per step\n",
 		cfg.Base, cfg.CPU, cfg.MemoryMB, cfg.Step, max, cfg.Singles, cfg.Execs)
+	if cfg.Rest > 0 {
+		fmt.Fprintf(w, "singles timed once the machine is at rest after the batch: at most %.0f%% of its CPU busy over a second (waiting at most %v)\n", cfg.Rest*100, restWait)
+	}
 	if cfg.Pause > 0 {
 		fmt.Fprintf(w, "singles %v apart (from a destroy to the next create)\n", cfg.Pause)
 	}
@@ -160,6 +177,48 @@ func Density(ctx context.Context, cfg DensityConfig) (err error) {
 		"(its processes and the kernel memory made for them), mean of up to 8; agent PSS: the same sandboxes' processes;\n"+
 		"fork+exec: p50 of /bin/true run by the bench itself, the machine's own cost of a process (a control);\n"+
 		"cpu/single: the machine's CPU time (all of it, kernel workers too) during the singles, per create→exec→destroy\n\n")
+	// measure times a step's singles and warm execs and reads the node's
+	// memory and mounts, once its pool is refilled and it is at rest.
+	measure := func(row densityRow) (densityRow, error) {
+		// The singles are timed on a node at rest, its blank pool
+		// refilled after the batch (as bench create does).
+		warmPool(ctx, cfg.Client, w)
+		if cfg.Rest > 0 {
+			row.settled, row.restBusy, row.rested = settle(ctx, busyShare, cfg.Rest, restWait)
+		}
+		if err := densityMeasure(ctx, cfg, &spec, live, everMade, &row); err != nil {
+			return row, err
+		}
+		if len(live) > 0 {
+			if avail, err := memAvailableKB(); err == nil {
+				row.hostKBPerSandbox = float64(avail0-avail) / float64(len(live))
+			}
+			row.kernelKBPerSandbox = float64(kernelKB()-kernel0) / float64(len(live))
+		}
+		if cgroupParent == "" && len(live) > 0 {
+			for _, pids := range sandboxProcs(map[string]bool{live[0]: true}) {
+				if d := memcgDir(pids[0]); d != "" {
+					cgroupParent = filepath.Dir(d)
+				}
+			}
+		}
+		if cgroupParent != "" {
+			row.containers = subdirs(cgroupParent)
+		}
+		row.hostMounts, row.nodeMounts = mountCount(1), mountsUnder(edgePid, dataDir)
+		row.serverKB = rssKB(serverPid)
+		if edgePid > 0 {
+			row.edgeKB = rssKB(edgePid)
+		}
+		if cfg.BaselineN > 0 && len(live) > 0 && (len(rows) == 0 || len(live) >= max) {
+			row.runc, _, row.runErr = runcBaseline(ctx, cfg.WorkDir, cfg.Runc, cfg.BaselineN, 1)
+			if row.runErr != nil {
+				return row, fmt.Errorf("runc baseline: %w", row.runErr)
+			}
+			row.runcMeasured = true
+		}
+		return row, nil
+	}
 	header()
 	for len(live) < max {
 		n := min(cfg.Step, max-len(live))
@@ -193,37 +252,9 @@ func Density(ctx context.Context, cfg DensityConfig) (err error) {
 		if res.Created == 0 {
 			break
 		}
-		// The singles are timed on a node at rest, its blank pool
-		// refilled after the batch (as bench create does).
-		warmPool(ctx, cfg.Client, w)
-		if err := densityMeasure(ctx, cfg, &spec, live, everMade, &row); err != nil {
+		row, err := measure(row)
+		if err != nil {
 			return err
-		}
-		if avail, err := memAvailableKB(); err == nil {
-			row.hostKBPerSandbox = float64(avail0-avail) / float64(len(live))
-		}
-		row.kernelKBPerSandbox = float64(kernelKB()-kernel0) / float64(len(live))
-		if cgroupParent == "" {
-			for _, pids := range sandboxProcs(map[string]bool{live[0]: true}) {
-				if d := memcgDir(pids[0]); d != "" {
-					cgroupParent = filepath.Dir(d)
-				}
-			}
-		}
-		if cgroupParent != "" {
-			row.containers = subdirs(cgroupParent)
-		}
-		row.hostMounts, row.nodeMounts = mountCount(1), mountsUnder(edgePid, dataDir)
-		row.serverKB = rssKB(serverPid)
-		if edgePid > 0 {
-			row.edgeKB = rssKB(edgePid)
-		}
-		if cfg.BaselineN > 0 && (len(rows) == 0 || len(live) >= max) {
-			row.runc, _, row.runErr = runcBaseline(ctx, cfg.WorkDir, cfg.Runc, cfg.BaselineN, 1)
-			if row.runErr != nil {
-				return fmt.Errorf("runc baseline: %w", row.runErr)
-			}
-			row.runcMeasured = true
 		}
 		rows = append(rows, row)
 		printDensityRow(w, row, serverPid == edgePid)
@@ -231,7 +262,6 @@ func Density(ctx context.Context, cfg DensityConfig) (err error) {
 	if len(rows) == 0 {
 		return errors.New("no sandbox was created")
 	}
-	densitySummary(w, rows)
 
 	// Teardown.
 	n := len(live)
@@ -243,6 +273,23 @@ func Density(ctx context.Context, cfg DensityConfig) (err error) {
 	if derr != nil {
 		return fmt.Errorf("teardown: %w", derr)
 	}
+	var empty *densityRow
+	if cfg.Empty {
+		// The empty node is timed after the teardown, not before the
+		// first batch: its blank pool has then grown with the demand as
+		// at the steps, where a fresh server's pool of two refills after
+		// every single (which cost it 3× the CPU of a single at 1,300
+		// live, measured).
+		row, err := measure(densityRow{})
+		if err != nil {
+			return err
+		}
+		fmt.Fprintln(w, "the empty node after the teardown:")
+		header()
+		printDensityRow(w, row, serverPid == edgePid)
+		empty = &row
+	}
+	densitySummary(w, rows, empty)
 	var left []string
 	for i := 0; ; i++ {
 		// A destroy answers when the sandbox is gone; give the kernel's
@@ -309,7 +356,7 @@ func densityMeasure(ctx context.Context, cfg DensityConfig, spec *api.CreateSand
 	}
 	row.forkExec = summarize(forks)
 	var warm []time.Duration
-	for range cfg.Execs {
+	for range cfg.Execs * b2i(len(live) > 0) {
 		id := live[rand.IntN(len(live))]
 		t0 := time.Now()
 		if _, err := cfg.Client.Exec(ctx, id, &api.ExecRequest{Cmd: []string{"true"}}); err != nil {
@@ -346,7 +393,12 @@ func densityMeasure(ctx context.Context, cfg DensityConfig, spec *api.CreateSand
 }
 
 func printDensityRow(w io.Writer, r densityRow, oneProcess bool) {
-	pair := func(s stats) string { return ms(s.p50) + "/" + ms(s.p99) }
+	pair := func(s stats) string {
+		if s == (stats{}) {
+			return "-" // nothing to time: no live sandbox for a warm exec
+		}
+		return ms(s.p50) + "/" + ms(s.p99)
+	}
 	runc := "-"
 	if r.runcMeasured {
 		runc = pair(r.runc)
@@ -355,15 +407,20 @@ func printDensityRow(w io.Writer, r densityRow, oneProcess bool) {
 	if oneProcess {
 		edge = "(same)"
 	}
-	fmt.Fprintf(w, "%6d %9.1f %19s %10s %17s %9s %9s %9s %9s %9s %8d %8d %9s %9s %17s\n",
-		r.live, r.batchRate, pair(r.first), ms(r.cpuPerSingle), pair(r.warm), ms(r.forkExec.p50), mibs(int64(r.hostKBPerSandbox*1024)), mibs(int64(r.kernelKBPerSandbox*1024)),
-		mibs(r.memcgKB<<10), mibs(r.agentPSSKB<<10),
+	rate, perSandbox := fmt.Sprintf("%.1f", r.batchRate), []string{"-", "-", "-", "-"}
+	if r.live == 0 { // the empty node: no batch, no sandbox to divide by
+		rate = "-"
+	} else {
+		perSandbox = []string{mibs(int64(r.hostKBPerSandbox * 1024)), mibs(int64(r.kernelKBPerSandbox * 1024)), mibs(r.memcgKB << 10), mibs(r.agentPSSKB << 10)}
+	}
+	fmt.Fprintf(w, "%6d %9s %19s %10s %17s %9s %9s %9s %9s %9s %8d %8d %9s %9s %17s\n",
+		r.live, rate, pair(r.first), ms(r.cpuPerSingle), pair(r.warm), ms(r.forkExec.p50), perSandbox[0], perSandbox[1], perSandbox[2], perSandbox[3],
 		r.hostMounts, r.nodeMounts, mb(r.serverKB<<10), edge, runc)
 }
 
 // densitySummary prints the full node against the empty one, and each
 // against bare runc measured at the same step.
-func densitySummary(w io.Writer, rows []densityRow) {
+func densitySummary(w io.Writer, rows []densityRow, empty *densityRow) {
 	first, last := rows[0], rows[len(rows)-1]
 	ratio := func(a, b time.Duration) string {
 		if b == 0 {
@@ -371,14 +428,36 @@ func densitySummary(w io.Writer, rows []densityRow) {
 		}
 		return fmt.Sprintf("%.2f×", float64(a)/float64(b))
 	}
+	// singles compares last's singles with base's.
+	singles := func(base densityRow, name string) {
+		fmt.Fprintf(w, "  create→first exec p50:      %s against %s (the create alone %s → %s, %s; its first exec %s → %s, %s)\n",
+			ratio(last.first.p50, base.first.p50), name, ms(base.create.p50), ms(last.create.p50), ratio(last.create.p50, base.create.p50),
+			ms(base.firstExec.p50), ms(last.firstExec.p50), ratio(last.firstExec.p50, base.firstExec.p50))
+		fmt.Fprintf(w, "  host CPU per single:        %s (%s → %s)\n", ratio(last.cpuPerSingle, base.cpuPerSingle), ms(base.cpuPerSingle), ms(last.cpuPerSingle))
+		fmt.Fprintf(w, "  fork+exec p50 (control):    %s\n", ratio(last.forkExec.p50, base.forkExec.p50))
+	}
 	fmt.Fprintf(w, "\n%d live against %d live:\n", last.live, first.live)
 	fmt.Fprintf(w, "  batch create rate:          %.2f×\n", last.batchRate/first.batchRate)
-	fmt.Fprintf(w, "  create→first exec p50:      %s (the create alone %s → %s, %s; its first exec %s → %s, %s)\n",
-		ratio(last.first.p50, first.first.p50), ms(first.create.p50), ms(last.create.p50), ratio(last.create.p50, first.create.p50),
-		ms(first.firstExec.p50), ms(last.firstExec.p50), ratio(last.firstExec.p50, first.firstExec.p50))
-	fmt.Fprintf(w, "  host CPU per single:        %s (%s → %s)\n", ratio(last.cpuPerSingle, first.cpuPerSingle), ms(first.cpuPerSingle), ms(last.cpuPerSingle))
+	if empty != nil {
+		singles(*empty, "the empty node")
+	}
+	singles(first, fmt.Sprintf("%d live", first.live))
 	fmt.Fprintf(w, "  warm exec p50:              %s\n", ratio(last.warm.p50, first.warm.p50))
-	fmt.Fprintf(w, "  fork+exec p50 (control):    %s\n", ratio(last.forkExec.p50, first.forkExec.p50))
+	if last.settled > 0 {
+		all := slices.Clone(rows)
+		if empty != nil {
+			all = append(all, *empty)
+		}
+		var waits []string
+		for _, r := range all {
+			wt := fmt.Sprintf("%.0fs (%.0f%%)", r.settled.Seconds(), r.restBusy*100)
+			if !r.rested {
+				wt += " not at rest"
+			}
+			waits = append(waits, wt)
+		}
+		fmt.Fprintf(w, "  waits for rest, busy share: %s\n", strings.Join(waits, ", "))
+	}
 	if last.containers > last.live {
 		// The pool's blanks are in the host's figures; say what each
 		// container costs as well as each live sandbox (the few blanks

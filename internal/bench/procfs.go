@@ -3,14 +3,17 @@ package bench
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"fmt"
 	"io/fs"
 	"net/url"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/dsec-project/dsec/internal/mount"
 )
@@ -54,6 +57,48 @@ func busyCPU() (int64, error) {
 		sum += n
 	}
 	return sum, nil
+}
+
+// restWait bounds how long settle waits for the machine to come to rest.
+const restWait = 60 * time.Second
+
+// settle waits, at most max, until sample finds the machine's CPUs busy
+// for at most rest (a share, 0 to 1). After a batch of hundreds of
+// sandboxes the machine stays busy for a while (the new agents' first
+// collections, the kernel's DAMON scans of new memory, a host's own
+// monitors walking a grown process table); a single timed then measures
+// that backlog, not a create on a full node. It returns how long it
+// waited, the last busy share, and whether the machine came to rest.
+func settle(ctx context.Context, sample func(context.Context) (float64, error), rest float64, max time.Duration) (time.Duration, float64, bool) {
+	t0 := time.Now()
+	for {
+		busy, err := sample(ctx)
+		if err != nil {
+			return time.Since(t0), 0, false
+		}
+		if waited := time.Since(t0); busy <= rest || waited >= max {
+			return waited, busy, busy <= rest
+		}
+	}
+}
+
+// busyShare is the busy share of the machine's CPUs over the next second.
+func busyShare(ctx context.Context) (float64, error) {
+	b0, err := busyCPU()
+	if err != nil {
+		return 0, err
+	}
+	select {
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	case <-time.After(time.Second):
+	}
+	b1, err := busyCPU()
+	if err != nil {
+		return 0, err
+	}
+	// USER_HZ is 100: a second of one CPU is 100 ticks.
+	return float64(b1-b0) / 100 / float64(runtime.NumCPU()), nil
 }
 
 // mountCount is the number of mounts in pid's mount namespace.
@@ -163,8 +208,10 @@ func subdirs(dir string) int {
 }
 
 // sandboxProcs maps each of ids that has processes on this host to them,
-// found by the DSEC_SANDBOX_ID=<id> the container backend puts in the
-// environment of every sandbox process. One pass over /proc.
+// found by their cgroup (a sandbox's cgroups are named after it, a
+// claimed blank's renamed to it) or else by the DSEC_SANDBOX_ID=<id> the
+// container backend puts in the environment of every sandbox process (a
+// claimed blank's agent keeps its blank's). One pass over /proc.
 func sandboxProcs(ids map[string]bool) map[string][]int {
 	out := map[string][]int{}
 	entries, _ := os.ReadDir("/proc")
@@ -173,20 +220,40 @@ func sandboxProcs(ids map[string]bool) map[string][]int {
 		if err != nil {
 			continue
 		}
-		env, err := os.ReadFile("/proc/" + e.Name() + "/environ")
-		if err != nil {
-			continue
-		}
-		for _, kv := range bytes.Split(env, []byte{0}) {
-			if v, ok := bytes.CutPrefix(kv, []byte("DSEC_SANDBOX_ID=")); ok {
-				if id := string(v); ids[id] {
-					out[id] = append(out[id], pid)
-				}
-				break
-			}
+		if id := sandboxOf(e.Name(), ids); id != "" {
+			out[id] = append(out[id], pid)
 		}
 	}
 	return out
+}
+
+// sandboxOf is which of ids process pid belongs to, or "".
+func sandboxOf(pid string, ids map[string]bool) string {
+	if cg, err := os.ReadFile("/proc/" + pid + "/cgroup"); err == nil {
+		for _, line := range strings.Split(string(cg), "\n") {
+			// hierarchy-ID:controllers:path
+			if f := strings.SplitN(line, ":", 3); len(f) == 3 {
+				for _, name := range strings.Split(f[2], "/") {
+					if ids[name] {
+						return name
+					}
+				}
+			}
+		}
+	}
+	env, err := os.ReadFile("/proc/" + pid + "/environ")
+	if err != nil {
+		return ""
+	}
+	for _, kv := range bytes.Split(env, []byte{0}) {
+		if v, ok := bytes.CutPrefix(kv, []byte("DSEC_SANDBOX_ID=")); ok {
+			if ids[string(v)] {
+				return string(v)
+			}
+			return ""
+		}
+	}
+	return ""
 }
 
 // listenerPid finds the process listening at addr: a URL (http://host:port
