@@ -260,6 +260,7 @@ func (s *Server) cleanup() {
 	if i := indexOf(s.args, "--net-bridge"); i >= 0 {
 		RemoveNodeNetwork(s.args[i+1])
 	}
+	RemoveCgroupLocks(s.DataDir)
 	for _, cg := range s.cgroupDirs() {
 		entries, _ := os.ReadDir(cg)
 		for _, e := range entries {
@@ -272,6 +273,28 @@ func (s *Server) cleanup() {
 		return
 	}
 	os.RemoveAll(s.DataDir)
+}
+
+// RemoveCgroupLocks removes the cgroup parents' lock files (see the
+// container backend's LockPath) that a killed backend whose data lies
+// under dataDir left in /run/dsec, unless a live process holds them.
+func RemoveCgroupLocks(dataDir string) {
+	paths, _ := filepath.Glob("/run/dsec/cgroup-*.lock")
+	for _, p := range paths {
+		// A holder writes "pid N, data DIR".
+		b, err := os.ReadFile(p)
+		if err != nil || !strings.Contains(string(b), "data "+filepath.Clean(dataDir)+"/") {
+			continue
+		}
+		f, err := os.OpenFile(p, os.O_RDWR, 0)
+		if err != nil {
+			continue
+		}
+		if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil {
+			os.Remove(p)
+		}
+		f.Close()
+	}
 }
 
 // destroyAll deletes the sandboxes of every tenant through the API. Keys of
