@@ -26,25 +26,11 @@ import (
 // the sandbox's cgroup without one, also after a reset in place. On
 // cgroup v2 the quota stays on the sandbox's cgroup, which holds both.
 func TestCPUQuotaIsTheCommands(t *testing.T) {
-	b, root := testBackend(t)
-	ctx := context.Background()
-	base := backendtest.MinimalLayer(t, t.TempDir())
-	id := "cpu-" + filepath.Base(root)
-	sp := backend.Spec{ID: id, Backend: api.BackendContainer, Layers: []backend.Layer{base},
-		Resources: api.Resources{CPU: 0.05, MemoryMB: 64, Pids: 64}, Network: api.Network{Mode: api.NetworkNone}}
-	if err := b.Create(ctx, sp); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Destroy(context.Background(), id) })
-
-	paths := cgroupPaths(t, root, id)
-	dir, v1 := paths["cpu"]
-	if !v1 {
-		if got := readTrim(t, filepath.Join(paths[""], "cpu.max")); got != "5000 100000" {
-			t.Fatalf("cgroup v2: cpu.max of the sandbox: %q", got)
-		}
+	b, root, id, dir := createLimited(t, "cpu", api.Resources{CPU: 0.05, MemoryMB: 64, Pids: 64}, "cpu.max", "5000 100000")
+	if dir == "" {
 		return
 	}
+	ctx := context.Background()
 	cmd := filepath.Join(dir, "cmd")
 	if got := readTrim(t, filepath.Join(dir, "cpu.cfs_quota_us")); got != "-1" {
 		t.Fatalf("the agent's cpu cgroup has quota %s", got)
@@ -122,10 +108,42 @@ func TestCPUQuotaIsTheCommands(t *testing.T) {
 	}
 	t.Run("after a reset in place", placed)
 
-	if err := b.Destroy(ctx, id); err != nil {
+	destroyLeavesNoCgroup(t, b, id, cmd, dir)
+}
+
+// createLimited creates a sandbox of res named after controller and
+// returns its directory in controller's cgroup v1 hierarchy. On cgroup v2
+// it checks that the sandbox's file v2File reads want and returns "".
+func createLimited(t *testing.T, controller string, res api.Resources, v2File, want string) (*container.Backend, string, string, string) {
+	t.Helper()
+	b, root := testBackend(t)
+	base := backendtest.MinimalLayer(t, t.TempDir())
+	id := controller + "-" + filepath.Base(root)
+	sp := backend.Spec{ID: id, Backend: api.BackendContainer, Layers: []backend.Layer{base},
+		Resources: res, Network: api.Network{Mode: api.NetworkNone}}
+	if err := b.Create(context.Background(), sp); err != nil {
 		t.Fatal(err)
 	}
-	for _, d := range []string{cmd, dir} {
+	t.Cleanup(func() { b.Destroy(context.Background(), id) })
+	paths := cgroupPaths(t, root, id)
+	dir, v1 := paths[controller]
+	if !v1 {
+		if got := readTrim(t, filepath.Join(paths[""], v2File)); got != want {
+			t.Fatalf("cgroup v2: %s of the sandbox: %q, want %q", v2File, got, want)
+		}
+		return b, root, id, ""
+	}
+	return b, root, id, dir
+}
+
+// destroyLeavesNoCgroup destroys sandbox id and checks that none of dirs
+// is left.
+func destroyLeavesNoCgroup(t *testing.T, b *container.Backend, id string, dirs ...string) {
+	t.Helper()
+	if err := b.Destroy(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range dirs {
 		if _, err := os.Stat(d); !os.IsNotExist(err) {
 			t.Errorf("cgroup %s left after destroy: %v", d, err)
 		}
@@ -202,27 +220,13 @@ func throttled(t *testing.T, dir string) int {
 // use up their limit leave the agent serving (a Go agent that cannot
 // make a thread it needs aborts), and a reset brings the sandbox back.
 func TestPidsReserve(t *testing.T) {
-	b, root := testBackend(t)
-	ctx := context.Background()
-	base := backendtest.MinimalLayer(t, t.TempDir())
-	id := "pids-" + filepath.Base(root)
 	const limit = 48
 	// No CPU request: the pids cgroup alone is placed.
-	sp := backend.Spec{ID: id, Backend: api.BackendContainer, Layers: []backend.Layer{base},
-		Resources: api.Resources{MemoryMB: 64, Pids: limit}, Network: api.Network{Mode: api.NetworkNone}}
-	if err := b.Create(ctx, sp); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Destroy(context.Background(), id) })
-
-	paths := cgroupPaths(t, root, id)
-	dir, v1 := paths["pids"]
-	if !v1 {
-		if got := readTrim(t, filepath.Join(paths[""], "pids.max")); got != strconv.Itoa(limit) {
-			t.Fatalf("cgroup v2: pids.max of the sandbox: %q", got)
-		}
+	b, _, id, dir := createLimited(t, "pids", api.Resources{MemoryMB: 64, Pids: limit}, "pids.max", strconv.Itoa(limit))
+	if dir == "" {
 		return
 	}
+	ctx := context.Background()
 	cmd := filepath.Join(dir, "cmd")
 	placed := func(t *testing.T) {
 		if got := readTrim(t, filepath.Join(cmd, "pids.max")); got != strconv.Itoa(limit) {
@@ -275,12 +279,5 @@ func TestPidsReserve(t *testing.T) {
 	}
 	t.Run("after a reset in place", placed)
 
-	if err := b.Destroy(ctx, id); err != nil {
-		t.Fatal(err)
-	}
-	for _, d := range []string{cmd, dir} {
-		if _, err := os.Stat(d); !os.IsNotExist(err) {
-			t.Errorf("cgroup %s left after destroy: %v", d, err)
-		}
-	}
+	destroyLeavesNoCgroup(t, b, id, cmd, dir)
 }
