@@ -167,9 +167,17 @@ func Run(t *testing.T, f Fixture) {
 		if err := b1.Create(ctx, sp); err != nil {
 			t.Fatal(err)
 		}
+		// Until the second backend has recovered the sandbox it is the
+		// first's to destroy: a failure half way must not leave it
+		// running (closing a backend leaves its sandboxes, by design).
+		recovered := false
+		t.Cleanup(func() {
+			if !recovered {
+				b1.Destroy(context.Background(), sp.ID)
+			}
+		})
 		run(t, agentOf(b1, sp.ID), "echo kept > /kept")
 		b2 := f.New(t, root) // the same node after an edge restart
-		t.Cleanup(func() { b2.Destroy(context.Background(), sp.ID) })
 		specs, err := b2.Recover(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -177,6 +185,8 @@ func Run(t *testing.T, f Fixture) {
 		if len(specs) != 1 || specs[0].ID != sp.ID {
 			t.Fatalf("recovered %+v", specs)
 		}
+		recovered = true
+		t.Cleanup(func() { b2.Destroy(context.Background(), sp.ID) })
 		if out := run(t, agentOf(b2, sp.ID), "cat /kept"); out != "kept\n" {
 			t.Fatalf("after recover: %q", out)
 		}
