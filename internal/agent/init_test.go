@@ -67,8 +67,11 @@ func TestNotDumpable(t *testing.T) {
 	noPtrace := []string{"--bounding-set", "-sys_ptrace", "--inh-caps", "-sys_ptrace"}
 	cmd := exec.Command("setpriv", append(noPtrace, agentBin, "--listen", sock, "--root", root)...)
 	a := runAgent(t, cmd, sock, root)
+	// fd 2: the shell points a background command's stdin at /dev/null
+	// after its fork, so its fd 0 may be missing for a moment (seen
+	// under load); its stderr is inherited and always there.
 	res, err := a.Exec(t.Context(), &api.ExecRequest{Shell: fmt.Sprintf(
-		"sleep 1000 & readlink /proc/$!/fd/0 && echo control-ok; kill $!; readlink /proc/%d/fd/0", a.pid())})
+		"sleep 1000 & readlink /proc/$!/fd/2 && echo control-ok; kill $!; readlink /proc/%d/fd/2", a.pid())})
 	if err != nil {
 		t.Fatal(err)
 	}
