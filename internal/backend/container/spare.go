@@ -2,6 +2,7 @@ package container
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -107,11 +108,27 @@ func (s *spares) take(name string) bool {
 	}
 }
 
+// spareKeep is the most a spare carries to its next tenant: a quarter of
+// the least memory a sandbox may have (16 MiB).
+const spareKeep = 4 << 20
+
 // clearMemcg readies an emptied memory cgroup for a new tenant: it drops
-// the limits, reclaims what is still charged to it (page cache and kernel
-// objects the last tenant left), and clears the peaks and failure counts.
-// What v1 cannot clear is left: memory.stat's event totals (page faults,
-// pages in and out) and the OOM-kill count in memory.oom_control.
+// the limits, trims what is still charged to it to spareKeep, and clears
+// the peaks and failure counts. What v1 cannot clear is left: memory.stat's
+// event totals (page faults, pages in and out) and the OOM-kill count in
+// memory.oom_control.
+//
+// What a stopped sandbox leaves charged is mostly page cache of files it
+// was the first to read — its layers' and the agent's binary, which the
+// node's other sandboxes share and keep hot — and a few KiB of kernel
+// objects. Reclaiming all of it (memory.force_empty) evicted those shared
+// pages for every tenant, so the next one faulted them back from disk and
+// was charged for them again (~2 MiB of the agent's binary per create,
+// measured), and it spent ~16 passes of reclaim on the kernel objects it
+// cannot free. Lowering the limit instead reclaims only what is above it,
+// oldest first, and not at all for an idle sandbox's leftovers; a spare
+// that cannot be brought down to it (the kernel answers EBUSY) is not
+// used.
 func clearMemcg(dir string) error {
 	if procs, err := os.ReadFile(filepath.Join(dir, "cgroup.procs")); err != nil || len(procs) > 0 {
 		return errors.New("memory cgroup in use")
@@ -121,9 +138,21 @@ func clearMemcg(dir string) error {
 		{"memory.memsw.limit_in_bytes", "-1"},
 		{"memory.limit_in_bytes", "-1"},
 		{"memory.soft_limit_in_bytes", "-1"},
-		{"memory.force_empty", "0"},
 	} {
 		if err := os.WriteFile(filepath.Join(dir, kv[0]), []byte(kv[1]), 0); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+	}
+	usage, err := os.ReadFile(filepath.Join(dir, "memory.usage_in_bytes"))
+	if err != nil {
+		return err
+	}
+	if n, err := strconv.ParseInt(strings.TrimSpace(string(usage)), 10, 64); err != nil || n > spareKeep {
+		limit := filepath.Join(dir, "memory.limit_in_bytes")
+		if err := os.WriteFile(limit, []byte(strconv.Itoa(spareKeep)), 0); err != nil {
+			return fmt.Errorf("trim the spare to %d bytes: %w", spareKeep, err)
+		}
+		if err := os.WriteFile(limit, []byte("-1"), 0); err != nil {
 			return err
 		}
 	}

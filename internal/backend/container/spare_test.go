@@ -2,6 +2,7 @@ package container
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -9,6 +10,9 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/backend"
@@ -18,8 +22,9 @@ import (
 
 // TestSpareMemoryCgroups: a destroyed sandbox's memory cgroup is kept, up
 // to the configured number, and the next sandbox starts in it — with its
-// own limits, nothing of the last tenant's memory charged to it, and its
-// peak and failure counters cleared, outside and as seen from inside.
+// own limits, at most spareKeep of what was charged to it before, and its
+// peak and failure counters cleared, outside and as seen from inside. What
+// it carries is not evicted: page cache that other sandboxes share stays.
 // The spares beyond the bound are removed, and Close removes the rest.
 func TestSpareMemoryCgroups(t *testing.T) {
 	testutil.Require(t, testutil.Root, testutil.Tool("runc"), testutil.File("/bin/busybox"), testutil.Tool("mkfs.erofs"),
@@ -50,7 +55,7 @@ func TestSpareMemoryCgroups(t *testing.T) {
 	}
 	// A test that fails half way still takes its sandboxes down.
 	t.Cleanup(func() {
-		for _, id := range []string{"sp-a", "sp-b", "sp-c", "sp-d"} {
+		for _, id := range []string{"sp-a", "sp-b", "sp-c", "sp-d", "sp-e"} {
 			b.Destroy(context.Background(), id)
 		}
 	})
@@ -93,6 +98,10 @@ func TestSpareMemoryCgroups(t *testing.T) {
 	if got := spareNames(); len(got) != 1 || b.runc.spares.len() != 1 {
 		t.Fatalf("spares after a destroy: %v (backend keeps %d), want 1", got, b.runc.spares.len())
 	}
+	// Page cache outlives its writer's sandbox (a layer's files, read
+	// first by it): 32 MiB of it is charged to the spare.
+	files := t.TempDir()
+	chargeSpare(t, filepath.Join(memParent, spareNames()[0]), filepath.Join(files, "big"), 32)
 
 	// The next sandbox starts in it.
 	if err := b.Create(ctx, spec("sp-b", 32)); err != nil {
@@ -116,8 +125,8 @@ func TestSpareMemoryCgroups(t *testing.T) {
 	if n := num(filepath.Join(dirB, "memory.failcnt")); n != 0 {
 		t.Errorf("the second tenant inherits %d failures", n)
 	}
-	// The agent and the first command charge a few MiB; the last tenant's
-	// 64 MiB of page cache must not be among them.
+	// The agent and the first command charge a few MiB; the 32 MiB of page
+	// cache left to the spare must not be among them.
 	if n := num(filepath.Join(dirB, "memory.max_usage_in_bytes")); n > 16<<20 {
 		t.Errorf("the second tenant's peak is %d bytes: the last tenant's", n)
 	}
@@ -126,13 +135,28 @@ func TestSpareMemoryCgroups(t *testing.T) {
 		t.Errorf("inside the second sandbox: %q, want %q", inside, want)
 	}
 
+	// What a spare carries within spareKeep stays in memory: the next
+	// tenant starts with it charged, not evicted (it is what the node's
+	// other sandboxes read too).
+	if err := b.Destroy(ctx, "sp-b"); err != nil {
+		t.Fatal(err)
+	}
+	small := filepath.Join(files, "small")
+	chargeSpare(t, filepath.Join(memParent, spareNames()[0]), small, 1)
+	if err := b.Create(ctx, spec("sp-c", 16)); err != nil {
+		t.Fatal(err)
+	}
+	if in, all := resident(t, small); in != all {
+		t.Errorf("%d of the %d pages a spare carried are left in memory after the next create took it", in, all)
+	}
+
 	// At most SpareMemcgs are kept.
-	for _, id := range []string{"sp-c", "sp-d"} {
+	for _, id := range []string{"sp-d", "sp-e"} {
 		if err := b.Create(ctx, spec(id, 16)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for _, id := range []string{"sp-b", "sp-c", "sp-d"} {
+	for _, id := range []string{"sp-c", "sp-d", "sp-e"} {
 		if err := b.Destroy(ctx, id); err != nil {
 			t.Fatal(err)
 		}
@@ -150,6 +174,56 @@ func TestSpareMemoryCgroups(t *testing.T) {
 	for _, leak := range leaks(t, b, root, parent) {
 		t.Error("leaked after Close:", leak)
 	}
+}
+
+// chargeSpare charges mb MiB of page cache to the empty memory cgroup
+// spare: a process in it writes them to file and exits, and the pages stay
+// in memory, clean, charged to it.
+func chargeSpare(t *testing.T, spare, file string, mb int) {
+	t.Helper()
+	before := readTrim(t, filepath.Join(spare, "memory.usage_in_bytes"))
+	script := fmt.Sprintf("echo $$ > %s/cgroup.procs && dd if=/dev/urandom of=%s bs=1M count=%d 2>/dev/null && sync %s", spare, file, mb, file)
+	if out, err := exec.Command("/bin/sh", "-c", script).CombinedOutput(); err != nil {
+		t.Fatalf("charge %d MiB to %s: %v: %s", mb, spare, err, out)
+	}
+	after := readTrim(t, filepath.Join(spare, "memory.usage_in_bytes"))
+	b, _ := strconv.ParseInt(before, 10, 64)
+	a, _ := strconv.ParseInt(after, 10, 64)
+	if a-b < int64(mb)<<20*3/4 {
+		t.Fatalf("writing %d MiB from the spare charged it %d bytes (is %s in memory, not on a disk?)", mb, a-b, file)
+	}
+	if in, all := resident(t, file); in != all {
+		t.Fatalf("only %d of %d pages of %s are in memory after writing it", in, all, file)
+	}
+}
+
+// resident returns how many of file's pages are in the page cache.
+func resident(t *testing.T, file string) (in, all int) {
+	t.Helper()
+	f, err := os.Open(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := unix.Mmap(int(f.Fd()), 0, int(fi.Size()), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(m)
+	vec := make([]byte, (len(m)+os.Getpagesize()-1)/os.Getpagesize())
+	if _, _, errno := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(len(m)), uintptr(unsafe.Pointer(&vec[0]))); errno != 0 {
+		t.Fatal("mincore:", errno)
+	}
+	for _, v := range vec {
+		if v&1 != 0 {
+			in++
+		}
+	}
+	return in, len(vec)
 }
 
 func readTrim(t *testing.T, path string) string {
