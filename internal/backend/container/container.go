@@ -86,11 +86,15 @@ type Backend struct {
 	startNS    *startNS // where runc starts containers
 	cgroups    v1Hierarchies
 	runtime    string // the lowest lower layer: the agent and mount points
-	disks      *disk.Templates
-	nets       netState
-	userns     usernsCache
-	pool       *pool // nil: off
-	log        *slog.Logger
+	// runtimeTree is a detached clone of runtime, which the sandboxes'
+	// roots clone their runtime layer from (see cloneSource); nil if the
+	// kernel cannot clone a detached mount.
+	runtimeTree *os.File
+	disks       *disk.Templates
+	nets        netState
+	userns      usernsCache
+	pool        *pool // nil: off
+	log         *slog.Logger
 
 	mu        sync.Mutex
 	sandboxes map[string]*record
@@ -196,6 +200,7 @@ func New(cfg Config) (_ *Backend, err error) {
 		return nil, err
 	}
 	b.runtime = rt
+	b.runtimeTree = detachedTree(rt, b.log)
 	runcPath, err := exec.LookPath(cfg.Runc)
 	if err != nil {
 		return nil, fmt.Errorf("container backend: %w", err)
@@ -645,6 +650,9 @@ func (b *Backend) Close() error {
 	}
 	if b.runcCopy != nil {
 		b.runcCopy.Close()
+	}
+	if b.runtimeTree != nil {
+		b.runtimeTree.Close()
 	}
 	defer func() {
 		// Last: the next backend may sweep the parent.

@@ -79,6 +79,11 @@ func TestFullNode(t *testing.T) {
 		t.Errorf("the start namespace has %d mounts with %d sandboxes, %d when empty", n, live, startMounts)
 	}
 
+	// Every root clones the runtime layer; cloning a directory first checks
+	// every mount on its mount — here, every sandbox's writable layer — so
+	// it is cloned from a detached clone nothing is mounted on.
+	checkRuntimeSource(t, b)
+
 	// Still creates, resets and destroys.
 	one := "full-one"
 	if err := b.Create(ctx, spec(one)); err != nil {
@@ -105,6 +110,35 @@ func TestFullNode(t *testing.T) {
 	}
 	for _, leak := range leaks(t, b, root, cgroupParent) {
 		t.Error("leaked:", leak)
+	}
+}
+
+// checkRuntimeSource checks that b clones its runtime layer from a mount
+// of its own that is attached nowhere, and that holds the agent.
+func checkRuntimeSource(t *testing.T, b *Backend) {
+	t.Helper()
+	src := b.cloneSource(b.runtime)
+	if src == b.runtime {
+		t.Fatalf("the runtime layer is cloned from its path %s", src)
+	}
+	var stx unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, src, 0, unix.STATX_MNT_ID, &stx); err != nil {
+		t.Fatal(err)
+	}
+	if stx.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT == 0 || stx.Attributes&unix.STATX_ATTR_MOUNT_ROOT == 0 {
+		t.Errorf("the runtime layer's clone source %s is not a mount's root", src)
+	}
+	infos, err := mount.Mountinfo()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range infos {
+		if uint64(m.ID) == stx.Mnt_id {
+			t.Errorf("the runtime layer's clone source is attached at %s", m.Mountpoint)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(src, agentPath)); err != nil {
+		t.Errorf("the runtime layer's clone source has no agent: %v", err)
 	}
 }
 

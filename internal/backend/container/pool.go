@@ -354,7 +354,7 @@ func (b *Backend) startBlank(ctx context.Context) (rec *record, err error) {
 	if err != nil {
 		return nil, err
 	}
-	root, err := idmap.ReadOnlyTree(b.runtime, ns)
+	root, err := idmap.ReadOnlyTree(b.cloneSource(b.runtime), ns)
 	if err != nil {
 		return nil, err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sync"
@@ -75,7 +76,47 @@ func (b *Backend) detachedRootfs(rec *record, upperRoot string) (root int, relea
 	if err != nil {
 		return -1, nil, err
 	}
-	return idmap.DetachedOverlay(rec.UIDs, ns, rec.Lowers, upperRoot)
+	lowers := make([]string, len(rec.Lowers))
+	for i, l := range rec.Lowers {
+		lowers[i] = b.cloneSource(l)
+	}
+	return idmap.DetachedOverlay(rec.UIDs, ns, lowers, upperRoot)
+}
+
+// cloneSource returns the path to clone the layer at path from: for the
+// runtime layer, its detached clone.
+//
+// The runtime layer is a directory of the edge's file system, not a mount
+// of its own, and cloning a directory (open_tree) first checks every mount
+// on that file system's mount for being locked over it — on a node, the
+// writable layer of every live sandbox: 0.2–1 ms per clone at 1,300 live,
+// twice per create (the blank's root and the claim's overlay). A detached
+// clone has no mounts on it, so cloning it costs the same on any node
+// (~10 µs). Linux 6.15 and newer clone a detached mount; on older ones
+// runtimeTree is nil and the path is cloned.
+func (b *Backend) cloneSource(path string) string {
+	if path != b.runtime || b.runtimeTree == nil {
+		return path
+	}
+	return fmt.Sprintf("/proc/self/fd/%d", b.runtimeTree.Fd())
+}
+
+// detachedTree returns a detached clone of dir that can itself be cloned,
+// or nil (logged) if this kernel cannot clone a detached mount.
+func detachedTree(dir string, log *slog.Logger) *os.File {
+	fd, err := unix.OpenTree(unix.AT_FDCWD, dir, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	if err != nil {
+		log.Warn("clones of the runtime layer cost more on a fuller node", "err", err)
+		return nil
+	}
+	probe, err := unix.OpenTree(fd, "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_EMPTY_PATH)
+	if err != nil {
+		unix.Close(fd)
+		log.Info("clones of the runtime layer cost more on a fuller node: this kernel does not clone a detached mount", "err", err)
+		return nil
+	}
+	unix.Close(probe)
+	return os.NewFile(uintptr(fd), dir)
 }
 
 // usernsCache keeps the user namespace that idmaps layers to each id
