@@ -61,6 +61,9 @@ type pool struct {
 	// diskMB is the writable layer size blanks make ahead: the last
 	// eligible create's (the node's default until one came).
 	diskMB int64
+	// cpu is the CPU request whose commands' cgroup blanks make ahead:
+	// the last eligible create's (none until one came).
+	cpu float64
 
 	// owned holds the ids of the blank sandboxes this pool made and still
 	// holds (starting or ready), for Recover to leave alone.
@@ -391,7 +394,7 @@ func (b *Backend) startBlank(ctx context.Context) (rec *record, err error) {
 	// made now and in the background too: a claim of that size only
 	// switches to it.
 	b.pool.mu.Lock()
-	size := cmp.Or(b.pool.diskMB, defaultDiskMB)
+	size, cpu := cmp.Or(b.pool.diskMB, defaultDiskMB), b.pool.cpu
 	b.pool.mu.Unlock()
 	onThrowawayThread(func() {
 		if err = setNice(0, backgroundNice); err == nil {
@@ -402,6 +405,21 @@ func (b *Backend) startBlank(ctx context.Context) (rec *record, err error) {
 		return nil, fmt.Errorf("blank sandbox: writable layer: %w", err)
 	}
 	rec.nextDiskMB = size
+	// And its commands' CPU cgroup, with the quota the last create asked
+	// for: each write of a bandwidth file walks every CPU cgroup of the
+	// host (writeBandwidth), and a claim with that quota then writes none.
+	// Empty, it limits nothing until the claim.
+	if cpu > 0 {
+		st, err := b.runc.readState(id)
+		if err != nil {
+			return nil, err
+		}
+		tasks, err := commandsCgroups(st, api.Resources{CPU: cpu})
+		if err != nil {
+			return nil, fmt.Errorf("blank sandbox: %w", err)
+		}
+		closeAll(tasks)
+	}
 	return rec, nil
 }
 
@@ -427,6 +445,7 @@ func (b *Backend) eligible(spec backend.Spec) bool {
 func (b *Backend) createPooled(ctx context.Context, spec backend.Spec) (bool, error) {
 	b.pool.mu.Lock()
 	b.pool.diskMB = diskMB(spec)
+	b.pool.cpu = spec.Resources.CPU
 	b.pool.mu.Unlock()
 	blank := b.pool.take()
 	if blank == nil {

@@ -425,6 +425,73 @@ func TestPoolBlankInBackground(t *testing.T) {
 	}
 }
 
+// TestPoolBlankCommandsQuota: a blank is started with its commands' CPU
+// cgroup made, with the quota of the last create (so that a claim of the
+// same request writes no bandwidth file), and a claim of another request
+// gets its own.
+func TestPoolBlankCommandsQuota(t *testing.T) {
+	testutil.Require(t, testutil.Root, testutil.Tool("runc"), testutil.File("/bin/busybox"), testutil.Tool("mkfs.erofs"))
+	ctx := context.Background()
+	base := backendtest.MinimalLayer(t, t.TempDir())
+	b, _, _ := newTestBackend(t, PoolConfig{Max: 1, Min: 1})
+	waitPool(t, b, 1)
+	blankCPU := func() string {
+		t.Helper()
+		b.pool.mu.Lock()
+		blank := b.pool.ready[0].Spec.ID
+		b.pool.mu.Unlock()
+		st, err := b.runc.readState(blank)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.CgroupPaths["cpu"]
+	}
+	if blankCPU() == "" {
+		if testutil.InCI() {
+			t.Fatal("no cpu cgroup v1")
+		}
+		t.Skip("no cpu cgroup v1")
+	}
+	if _, err := os.Stat(filepath.Join(blankCPU(), cmdCgroup)); !os.IsNotExist(err) {
+		t.Errorf("a blank before any create has a commands' cgroup: %v", err)
+	}
+	quota := func(dir string) string {
+		t.Helper()
+		var out []string
+		for _, f := range []string{"cpu.cfs_quota_us", "cpu.cfs_burst_us", "tasks"} {
+			out = append(out, readTrim(t, filepath.Join(dir, cmdCgroup, f)))
+		}
+		return strings.Join(out, " ")
+	}
+	create := func(id string, cpu float64) string {
+		t.Helper()
+		spec := backend.Spec{ID: id, Backend: api.BackendContainer, Layers: []backend.Layer{base},
+			Resources: api.Resources{CPU: cpu, MemoryMB: 32}, Network: api.Network{Mode: api.NetworkNone}}
+		if err := b.Create(ctx, spec); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { b.Destroy(context.Background(), id) })
+		st, err := b.runc.readState(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.CgroupPaths["cpu"]
+	}
+	create("sb-q1", 0.05)
+	waitPool(t, b, 1)
+	if got := quota(blankCPU()); got != "5000 5000 " {
+		t.Errorf("the next blank's commands' cgroup: quota, burst, tasks %q, want %q", got, "5000 5000 ")
+	}
+	dir := create("sb-q2", 0.2)
+	if ps := b.PoolStats(); ps.Claims != 2 {
+		t.Fatalf("the creates did not claim blanks: %+v", ps)
+	}
+	shell(t, b, "sb-q2", "sleep 60 >/dev/null 2>&1 &")
+	if got := quota(dir); !strings.HasPrefix(got, "20000 20000 ") || strings.TrimPrefix(got, "20000 20000 ") == "" {
+		t.Errorf("a claim of cpu 0.2 from a blank made for 0.05: quota, burst, tasks %q, want 20000 20000 and its command", got)
+	}
+}
+
 // lineDiff lists the lines only one of got (+) and want (-) has.
 func lineDiff(got, want string) string {
 	count := map[string]int{}
