@@ -65,3 +65,24 @@ func TestHelp(t *testing.T) {
 		t.Error("a -h after -- (the command's own) was taken for dsec's")
 	}
 }
+
+// TestUsageListsEverySubcommand: the top-level usage names every
+// subcommand a group's own usage names.
+func TestUsageListsEverySubcommand(t *testing.T) {
+	top := strings.Join(strings.Fields(strings.ReplaceAll(usage, "|\n", "|")), " ")
+	top = strings.ReplaceAll(top, "| ", "|")
+	for _, group := range []string{"sandbox", "bench", "layer", "trajectory"} {
+		_, err := capture(t, group)
+		if err == nil {
+			t.Fatalf("dsec %s: no usage error", group)
+		}
+		_, list, ok := strings.Cut(err.Error(), "usage: dsec "+group+" ")
+		if !ok {
+			t.Fatalf("dsec %s: %v", group, err)
+		}
+		subs := strings.Fields(list)[0]
+		if !strings.Contains(top, "dsec "+group+" "+subs) {
+			t.Errorf("dsec help lists for %s not %s", group, subs)
+		}
+	}
+}

@@ -25,7 +25,8 @@ Server side:
   dsec edge --join URL --token T a node joining a control plane (the edge API over TCP)
 
 Client side (DSEC_URL, DSEC_API_KEY or --url, --key):
-  dsec sandbox create|ls|get|rm|exec|cp|reset|pause|resume|renew|snapshot
+  dsec sandbox create|ls|get|rm|exec|shell|logs|port-forward|vnc|cp|reset|pause|resume|renew|
+               snapshot|fork|screenshot|input
   dsec trajectory get|rm|restore
   dsec layer build|import|ls|get|record-prefetch
   dsec tenant create|ls|get|quota
@@ -33,7 +34,8 @@ Client side (DSEC_URL, DSEC_API_KEY or --url, --key):
   dsec fncall [flags] -- CMD...    one call on a warm pool; also: dsec fncall pools|warm
   dsec node ls|get|drain|undrain
   dsec swerex create [--base …]   a sandbox for SWE-agent's RemoteDeployment; prints its host URL
-  dsec bench create|reset|seccomp|fncall|batch|trajectory|image|microvm|cluster|soak
+  dsec bench create|exec|density|fork|reset|seccomp|fncall|runcode|batch|trajectory|image|
+             microvm|fullvm|cluster|soak|chaos
 
 Run "dsec COMMAND -h" for a command's flags.
 `
