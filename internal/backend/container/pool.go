@@ -510,6 +510,13 @@ func (b *Backend) claim(ctx context.Context, blank *record, spec backend.Spec) (
 	if err := applyLimits(st, spec.Resources); err != nil {
 		return fmt.Errorf("claim: limits: %w", err)
 	}
+	// A blank made its commands' CPU cgroup for the last create's request
+	// (startBlank); a sandbox without one has none, as a cold one.
+	if dir, ok := st.CgroupPaths["cpu"]; ok && spec.Resources.CPU <= 0 {
+		if err := unix.Rmdir(filepath.Join(dir, cmdCgroup)); err != nil && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("claim: commands' cpu cgroup: %w", err)
+		}
+	}
 	if err := foreground(st.InitPid); err != nil {
 		return fmt.Errorf("claim: %w", err)
 	}

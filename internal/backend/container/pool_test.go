@@ -486,6 +486,19 @@ func TestPoolBlankCommandsQuota(t *testing.T) {
 	if ps := b.PoolStats(); ps.Claims != 2 {
 		t.Fatalf("the creates did not claim blanks: %+v", ps)
 	}
+	waitPool(t, b, 1)
+	if got := quota(blankCPU()); got != "20000 20000 " {
+		t.Errorf("the blank after a create of cpu 0.2: quota, burst, tasks %q", got)
+	}
+	// A create without a CPU request has no commands' CPU cgroup, as a
+	// cold one.
+	dir3 := create("sb-q3", 0)
+	if ps := b.PoolStats(); ps.Claims != 3 {
+		t.Fatalf("the create without a CPU request did not claim a blank: %+v", ps)
+	}
+	if _, err := os.Stat(filepath.Join(dir3, cmdCgroup)); !os.IsNotExist(err) {
+		t.Errorf("a claim without a CPU request has a commands' cpu cgroup: %v", err)
+	}
 	shell(t, b, "sb-q2", "sleep 60 >/dev/null 2>&1 &")
 	if got := quota(dir); !strings.HasPrefix(got, "20000 20000 ") || strings.TrimPrefix(got, "20000 20000 ") == "" {
 		t.Errorf("a claim of cpu 0.2 from a blank made for 0.05: quota, burst, tasks %q, want 20000 20000 and its command", got)
