@@ -144,8 +144,11 @@ type spawnRes struct {
 func newSpawner(root string, rules FileRules, noAdmin bool, filter []byte, tasks []int) (*spawner, error) {
 	sp := &spawner{reqs: make(chan spawnReq)}
 	ready := make(chan error, 1)
-	go func() {
+	serve := func(taken chan<- struct{}) {
 		runtime.LockOSThread() // never unlocked: the thread dies with this goroutine
+		if taken != nil {
+			close(taken)
+		}
 		if noAdmin {
 			if err := dropAdmin(); err != nil {
 				ready <- err
@@ -181,6 +184,23 @@ func newSpawner(root string, rules FileRules, noAdmin bool, filter []byte, tasks
 			pid, err := syscall.ForkExec(req.argv0, req.argv, req.attr)
 			req.res <- spawnRes{pid, err}
 		}
+	}
+	go func() {
+		runtime.LockOSThread()
+		// Never the main thread. The kernel judges a signal to the agent
+		// by its thread group leader's credentials, so a leader confined
+		// to a phase's domain would take the phase's signals — its
+		// commands could kill the agent — and Go never ends the main
+		// thread (a locked goroutine exiting there parks it for good, its
+		// domain with it). Hold it while the spawner takes another thread.
+		if unix.Gettid() == unix.Getpid() {
+			taken := make(chan struct{})
+			go serve(taken)
+			<-taken
+			runtime.UnlockOSThread()
+			return
+		}
+		serve(nil)
 	}()
 	if err := <-ready; err != nil {
 		return nil, err
