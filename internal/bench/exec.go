@@ -38,8 +38,10 @@ type ExecConfig struct {
 // socket (what the edge adds) and a fork+exec from Go of the binary
 // base:minimal's `true` is, the host's static busybox (the least an exec
 // of it costs; a dynamically linked /bin/true, loader and libc, costs
-// more here and flattered the ratio). The measures take turns in rounds, so that a
-// machine whose load drifts weighs on all of them alike.
+// more here and flattered the ratio), and a fork+exec of a static
+// executable that only exits, the floor of any exec on the machine. The
+// measures take turns in rounds, so that a machine whose load drifts
+// weighs on all of them alike.
 func Exec(ctx context.Context, cfg ExecConfig) error {
 	w := cfg.Out
 	n := max(cfg.N, 1)
@@ -94,6 +96,18 @@ func Exec(ctx context.Context, cfg ExecConfig) error {
 	}
 	fork := &measure{name: "fork+exec busybox true from Go", f: func() error { return exec.CommandContext(ctx, "/bin/busybox", "true").Run() }}
 	measures = append(measures, fork)
+	tmp, err := os.MkdirTemp("", "dsec-bench-exec-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	if nothing, err := writeNothing(tmp); err != nil {
+		fmt.Fprintf(w, "%-48s %s\n", "exec floor", "skipped: "+err.Error())
+	} else {
+		measures = append(measures, &measure{name: "fork+exec a static exit(0) from Go (floor)", f: func() error {
+			return exec.CommandContext(ctx, nothing).Run()
+		}})
+	}
 	// A few untimed rounds first: connections, caches, page faults.
 	for _, m := range measures {
 		for range min(20, n) {
@@ -123,7 +137,7 @@ func Exec(ctx context.Context, cfg ExecConfig) error {
 		fmt.Fprintf(w, "%-48s %10s %10s %11.2f×\n", m.name, msFine(m.s.p50), msFine(m.s.p99), float64(m.s.p50)/float64(fork.s.p50))
 	}
 	fmt.Fprintln(w)
-	for i := 0; i+2 < len(measures); i++ {
+	for i := 0; i+1 < len(measures) && measures[i+1] != fork; i++ {
 		fmt.Fprintf(w, "p50 %s - %s: %s\n", short(measures[i].name), short(measures[i+1].name), msFine(measures[i].s.p50-measures[i+1].s.p50))
 	}
 	return nil
