@@ -293,8 +293,9 @@ func Density(ctx context.Context, cfg DensityConfig) (err error) {
 	var left []string
 	for i := 0; ; i++ {
 		// A destroy answers when the sandbox is gone; give the kernel's
-		// lazy unmounts and cgroup removal a moment all the same.
-		if left = leftovers(everMade, edgePid, dataDir); len(left) == 0 || i == 20 {
+		// lazy unmounts and cgroup removal a moment all the same, and the
+		// edge's trash the time to remove the directories (~4 ms each).
+		if left = leftovers(everMade, edgePid, dataDir); len(left) == 0 || i == 240 {
 			break
 		}
 		time.Sleep(250 * time.Millisecond)

@@ -22,10 +22,14 @@ import (
 // unpinned.
 func (s *Server) SandboxLeaks() []string {
 	var leaks []string
-	sbDir := filepath.Join(s.DataDir, "edge", "container", "sandboxes")
-	if entries, err := os.ReadDir(sbDir); err == nil {
-		for _, e := range entries {
-			leaks = append(leaks, "directory "+filepath.Join(sbDir, e.Name()))
+	// A destroyed sandbox's directory is removed in the background from
+	// the trash: there it is left until it is gone.
+	for _, d := range []string{"sandboxes", "trash"} {
+		dir := filepath.Join(s.DataDir, "edge", "container", d)
+		if entries, err := os.ReadDir(dir); err == nil {
+			for _, e := range entries {
+				leaks = append(leaks, "directory "+filepath.Join(dir, e.Name()))
+			}
 		}
 	}
 	// A microVM's and a full VM's directory (a full VM's holds its disk

@@ -94,6 +94,7 @@ type Backend struct {
 	nets        netState
 	userns      usernsCache
 	pool        *pool // nil: off
+	trash       *trash
 	log         *slog.Logger
 
 	mu        sync.Mutex
@@ -191,6 +192,9 @@ func New(cfg Config) (_ *Backend, err error) {
 		log:        cfg.Logger.With("backend", api.BackendContainer),
 		sandboxes:  map[string]*record{},
 		uids:       map[uint32]string{},
+	}
+	if b.trash, err = newTrash(filepath.Join(cfg.Root, "trash"), b.log); err != nil {
+		return nil, fmt.Errorf("container backend: %w", err)
 	}
 	if b.cgroups, err = hostV1Hierarchies(); err != nil {
 		return nil, fmt.Errorf("container backend: %w", err)
@@ -564,6 +568,11 @@ func (b *Backend) teardown(ctx context.Context, id string, rec *record) error {
 		b.release(rec)
 		b.freeUIDs(id, rec.UIDs)
 	}
+	if len(errs) == 0 {
+		if err := b.trash.put(dir); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	err := backend.FinishTeardown(id, dir, errs)
 	b.log.DebugContext(ctx, "teardown steps", "sandbox", id, "container", t1.Sub(t0), "unmount", t2.Sub(t1), "files", time.Since(t2))
 	return err
@@ -643,6 +652,7 @@ func (b *Backend) State(ctx context.Context, id string) (string, error) {
 // the next start makes it again).
 func (b *Backend) Close() error {
 	b.drainPool()
+	b.trash.wait()
 	b.runc.spares.removeAll()
 	dirs, _ := filepath.Glob(filepath.Join(cgroupRoot, "*", b.cfg.CgroupParent))
 	for _, d := range append(dirs, filepath.Join(cgroupRoot, b.cfg.CgroupParent)) {

@@ -240,9 +240,11 @@ func canonical(t *testing.T, p string) string {
 	return c
 }
 
-// leaks lists what the backend's sandboxes left behind.
+// leaks lists what the backend's sandboxes left behind, once its trash
+// has removed what it was given.
 func leaks(t *testing.T, b *Backend, root, cgroupParent string) []string {
 	t.Helper()
+	b.trash.wait()
 	var out []string
 	for _, mp := range mountsUnder(t, root) {
 		out = append(out, "mount "+mp)
@@ -258,7 +260,7 @@ func leaks(t *testing.T, b *Backend, root, cgroupParent string) []string {
 			out = append(out, "loop device on "+strings.TrimSpace(string(data)))
 		}
 	}
-	for _, d := range []string{"sandboxes", "runc", "layers"} {
+	for _, d := range []string{"sandboxes", "trash", "runc", "layers"} {
 		entries, _ := os.ReadDir(filepath.Join(root, d))
 		for _, e := range entries {
 			out = append(out, "file "+filepath.Join(d, e.Name()))
