@@ -212,20 +212,8 @@ func chargedTo(t *testing.T, file, memcg string) (in, all int) {
 	if err := unix.Stat(memcg, &st); err != nil {
 		t.Fatal(err)
 	}
-	f, err := os.Open(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := unix.Mmap(int(f.Fd()), 0, int(fi.Size()), unix.PROT_READ, unix.MAP_SHARED)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Munmap(m)
+	m, unmap := mapFile(t, file)
+	defer unmap()
 	pagemap, err := os.Open("/proc/self/pagemap")
 	if err != nil {
 		t.Fatal(err)
@@ -261,8 +249,10 @@ func chargedTo(t *testing.T, file, memcg string) (in, all int) {
 	return in, all
 }
 
-// resident returns how many of file's pages are in the page cache.
-func resident(t *testing.T, file string) (in, all int) {
+// mapFile maps all of file, read-only and shared, until unmap: a page
+// mapped is one the kernel is slow to reclaim, which the callers' checks
+// must not lean on.
+func mapFile(t *testing.T, file string) (m []byte, unmap func()) {
 	t.Helper()
 	f, err := os.Open(file)
 	if err != nil {
@@ -273,11 +263,18 @@ func resident(t *testing.T, file string) (in, all int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := unix.Mmap(int(f.Fd()), 0, int(fi.Size()), unix.PROT_READ, unix.MAP_SHARED)
+	m, err = unix.Mmap(int(f.Fd()), 0, int(fi.Size()), unix.PROT_READ, unix.MAP_SHARED)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer unix.Munmap(m)
+	return m, func() { unix.Munmap(m) }
+}
+
+// resident returns how many of file's pages are in the page cache.
+func resident(t *testing.T, file string) (in, all int) {
+	t.Helper()
+	m, unmap := mapFile(t, file)
+	defer unmap()
 	vec := make([]byte, (len(m)+os.Getpagesize()-1)/os.Getpagesize())
 	if _, _, errno := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(len(m)), uintptr(unsafe.Pointer(&vec[0]))); errno != 0 {
 		t.Fatal("mincore:", errno)
