@@ -3,6 +3,8 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 
 	"github.com/jackc/pgx/v5"
@@ -20,18 +22,30 @@ import (
 // charge or a duplicate id rolls back alone), and the one-statement
 // "mark running" updates are pipelined, many per transaction, on a
 // second worker.
+//
+// A group transaction locks every node and tenant row its placements
+// charge before the first charge, nodes then tenants, each in id order
+// (the order every other transaction that holds two of them keeps).
+// Charged in its placements' order instead, it deadlocked with another
+// replica's: node a, the tenant, then node b, against node b, then the
+// tenant. PostgreSQL breaks a deadlock by failing one side after a
+// second, and a group fails whole.
 const (
 	maxPlaceBatch  = 32 // savepoints per transaction: PostgreSQL caches 64 subtransactions
 	maxUpdateBatch = 256
 )
 
 type placeOp struct {
-	sbs   []*store.Sandbox
-	queue func(b *pgx.Batch) (nodes, tenants []string, err error)
-	err   chan error
+	sbs []*store.Sandbox
+	// nodes and tenants are the rows the placement charges, in id order;
+	// queue queues the charges (in that order) and the inserts.
+	nodes, tenants []string
+	queue          func(b *pgx.Batch)
+	err            chan error
 }
 
 type updateOp struct {
+	id   string // the sandbox's
 	args []any
 	n    int64
 	err  chan error
@@ -86,10 +100,10 @@ func (b *batcher) place(ctx context.Context, op *placeOp) error {
 	return <-op.err
 }
 
-// update runs a one-statement live update in the next group transaction
-// and returns the rows it changed.
-func (b *batcher) update(ctx context.Context, args []any) (int64, error) {
-	op := &updateOp{args: args, err: make(chan error, 1)}
+// update runs a one-statement live update of sandbox id in the next group
+// transaction and returns the rows it changed.
+func (b *batcher) update(ctx context.Context, id string, args []any) (int64, error) {
+	op := &updateOp{id: id, args: args, err: make(chan error, 1)}
 	if err := b.send(ctx, func() { b.updates <- op }); err != nil {
 		return 0, err
 	}
@@ -142,17 +156,16 @@ func (b *batcher) runPlaces(batch []*placeOp, retry bool) bool {
 		return finish(fmt.Errorf("begin: %w", err))
 	}
 	defer tx.Rollback(ctx)
+	if err := lockRows(ctx, tx, batch); err != nil {
+		return finish(err)
+	}
 	for i, op := range batch {
 		var pb pgx.Batch
 		if i > 0 {
 			pb.Queue("RELEASE SAVEPOINT op")
 		}
 		pb.Queue("SAVEPOINT op")
-		nodes, tenants, err := op.queue(&pb)
-		if err != nil {
-			errs[i] = err
-			continue
-		}
+		op.queue(&pb)
 		res := tx.SendBatch(ctx, &pb)
 		if i > 0 {
 			if _, err := res.Exec(); err != nil {
@@ -164,7 +177,7 @@ func (b *batcher) runPlaces(batch []*placeOp, retry bool) bool {
 			res.Close()
 			return finish(fmt.Errorf("savepoint: %w", err))
 		}
-		errs[i] = readPlace(res, nodes, tenants, op.sbs)
+		errs[i] = readPlace(res, op.nodes, op.tenants, op.sbs)
 		if cerr := res.Close(); errs[i] == nil && cerr != nil {
 			errs[i] = cerr
 		}
@@ -181,6 +194,30 @@ func (b *batcher) runPlaces(batch []*placeOp, retry bool) bool {
 		return finish(fmt.Errorf("commit: %w", err))
 	}
 	return finish(nil)
+}
+
+// lockRows locks the rows a group's placements charge, in one round trip:
+// the nodes in id order, then the tenants' usage rows in id order (made
+// first if missing, so that two new tenants are not inserted in crossing
+// orders either).
+func lockRows(ctx context.Context, tx pgx.Tx, batch []*placeOp) error {
+	var nodes, tenants []string
+	for _, op := range batch {
+		nodes = append(nodes, op.nodes...)
+		tenants = append(tenants, op.tenants...)
+	}
+	slices.Sort(nodes)
+	slices.Sort(tenants)
+	nodes, tenants = slices.Compact(nodes), slices.Compact(tenants)
+	var pb pgx.Batch
+	pb.Queue(`SELECT id FROM nodes WHERE id = ANY($1) ORDER BY id FOR UPDATE`, nodes)
+	pb.Queue(`INSERT INTO tenant_usage (tenant) SELECT t FROM unnest($1::text[]) AS t ORDER BY t
+		ON CONFLICT (tenant) DO NOTHING`, tenants)
+	pb.Queue(`SELECT tenant FROM tenant_usage WHERE tenant = ANY($1) ORDER BY tenant FOR UPDATE`, tenants)
+	if err := tx.SendBatch(ctx, &pb).Close(); err != nil {
+		return fmt.Errorf("lock the charged rows: %w", err)
+	}
+	return nil
 }
 
 // retryable reports a transaction PostgreSQL aborted to break a deadlock
@@ -242,9 +279,12 @@ func (b *batcher) updateLoop() {
 
 // runUpdates pipelines one-statement updates in one transaction. They
 // cannot fail on their own (a stale version changes no row), so no
-// savepoints: an error fails them all, and their callers learn it.
+// savepoints: an error fails them all, and their callers learn it. They
+// run in sandbox id order (two of one sandbox in the order they came),
+// so that two replicas' groups lock shared rows in one order.
 func (b *batcher) runUpdates(batch []*updateOp) {
 	ctx := context.Background()
+	slices.SortStableFunc(batch, func(x, y *updateOp) int { return strings.Compare(x.id, y.id) })
 	err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
 		var pb pgx.Batch
 		for _, op := range batch {

@@ -4,10 +4,14 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/store"
 	"github.com/dsec-project/dsec/internal/store/postgres"
 	"github.com/dsec-project/dsec/internal/store/storetest"
@@ -93,4 +97,68 @@ func TestReplicas(t *testing.T) {
 		}
 		return out
 	})
+}
+
+// TestPlacementsNeverDeadlock runs group placements on two replicas at
+// once, each of one tenant's sandboxes on nodes taken in crossing orders.
+// A group transaction that charged its rows in its operations' order
+// would deadlock with the other replica's (node a, the tenant, then node
+// b against node b, then the tenant); PostgreSQL breaks a deadlock by
+// failing one side after a second. None may happen, and every placement
+// must succeed.
+func TestPlacementsNeverDeadlock(t *testing.T) {
+	ctx := context.Background()
+	dsn := freshDB(t)
+	ss := []store.Store{mustOpen(t, dsn), mustOpen(t, dsn)}
+	const nodes = 4
+	for i := range nodes {
+		n := store.Node{ID: fmt.Sprintf("n%d", i), Addr: "http://n", State: store.NodeUp,
+			Capacity: api.Resources{CPU: 1e6, MemoryMB: 1 << 40}, Limit: api.Resources{CPU: 1e6, MemoryMB: 1 << 40},
+			Backends: []string{api.BackendContainer}, LastSeen: time.Now().UTC()}
+		if err := ss[0].UpsertNode(ctx, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := deadlocks(t)
+	var wg sync.WaitGroup
+	var seq atomic.Int64
+	for g := range 48 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range 20 {
+				var sbs []*store.Sandbox
+				// One or two sandboxes, on nodes that go up for even
+				// goroutines and down for odd ones.
+				for k := range 1 + j%2 {
+					i := (g + j + k) % nodes
+					if g%2 == 1 {
+						i = nodes - 1 - i
+					}
+					sbs = append(sbs, &store.Sandbox{Tenant: "t",
+						API: api.Sandbox{ID: fmt.Sprintf("sb%d", seq.Add(1)), State: api.StateCreating,
+							Node: fmt.Sprintf("n%d", i), Resources: api.Resources{CPU: 0.1, MemoryMB: 1},
+							CreatedAt: time.Now().UTC()}})
+				}
+				if err := ss[g%2].PlaceSandboxes(ctx, sbs); err != nil {
+					t.Errorf("place: %v", err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if n := deadlocks(t) - before; n != 0 {
+		t.Fatalf("PostgreSQL broke %d deadlocks between placements", n)
+	}
+}
+
+// deadlocks counts the deadlocks the package's server has logged.
+func deadlocks(t *testing.T) int {
+	t.Helper()
+	log, err := os.ReadFile(filepath.Join(inst.Dir, "postgres.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Count(string(log), "ERROR:  deadlock detected")
 }

@@ -82,7 +82,7 @@ func (s *Store) PlaceSandboxes(ctx context.Context, sbs []*store.Sandbox) error 
 		}
 		inserts = append(inserts, sqlstore.InsertArgs(args, true))
 	}
-	err := s.batcher.place(ctx, &placeOp{sbs: sbs, queue: func(b *pgx.Batch) ([]string, []string, error) {
+	err := s.batcher.place(ctx, &placeOp{sbs: sbs, nodes: nodes.Keys, tenants: tenants.Keys, queue: func(b *pgx.Batch) {
 		for _, id := range nodes.Keys {
 			b.Queue(nodeCharge, sqlstore.NodeChargeArgs(id, *nodes.By[id])...)
 		}
@@ -92,7 +92,6 @@ func (s *Store) PlaceSandboxes(ctx context.Context, sbs []*store.Sandbox) error 
 		for _, args := range inserts {
 			b.Queue(sandboxInsert, args...)
 		}
-		return nodes.Keys, tenants.Keys, nil
 	}})
 	if err != nil {
 		return err
@@ -135,7 +134,7 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
 		return err
 	}
 	if sb.DeletedAt == nil {
-		n, err := s.batcher.update(ctx, sqlstore.LiveUpdateArgs(args, sb))
+		n, err := s.batcher.update(ctx, sb.API.ID, sqlstore.LiveUpdateArgs(args, sb))
 		if err != nil {
 			return err
 		}
