@@ -97,6 +97,26 @@ func (e *edgeProc) kill() {
 	<-e.done
 }
 
+// waitNoLeaks waits until the edge's sandboxes have left nothing on the
+// node (of what matches, if match is not nil) and fails the test if
+// something stays: a destroyed sandbox's directory waits in the trash
+// until the edge removes it in the background.
+func (e *edgeProc) waitNoLeaks(t *testing.T, what string, match func(string) bool) {
+	t.Helper()
+	testutil.Eventually(t, time.Minute, "nothing left "+what, func() error {
+		var left []string
+		for _, l := range e.leaks() {
+			if match == nil || match(l) {
+				left = append(left, l)
+			}
+		}
+		if len(left) > 0 {
+			return fmt.Errorf("left behind:\n  %s", strings.Join(left, "\n  "))
+		}
+		return nil
+	})
+}
+
 // leaks lists what the edge's sandboxes left on the node.
 // The blank sandboxes of its pool, its spare memory cgroups and its pin of
 // the shared sysfs's namespace are the node's while it runs
@@ -261,14 +281,7 @@ func TestEdgeRestart(t *testing.T) {
 		procs[inflight] = ""
 	case 0:
 		t.Log("the create in flight had not finished: it was cleaned up")
-		testutil.Eventually(t, time.Minute, "nothing left of the unfinished create", func() error {
-			for _, l := range e.leaks() {
-				if strings.Contains(l, inflight) {
-					return fmt.Errorf("unfinished create left %s", l)
-				}
-			}
-			return nil
-		})
+		e.waitNoLeaks(t, "of the unfinished create", func(l string) bool { return strings.Contains(l, inflight) })
 	}
 	if len(list) != len(procs) {
 		t.Fatalf("after the restart the edge lists %+v", list)
@@ -278,10 +291,5 @@ func TestEdgeRestart(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	testutil.Eventually(t, time.Minute, "nothing left of the sandboxes", func() error {
-		if l := e.leaks(); len(l) > 0 {
-			return fmt.Errorf("left behind:\n  %s", strings.Join(l, "\n  "))
-		}
-		return nil
-	})
+	e.waitNoLeaks(t, "of the sandboxes", nil)
 }

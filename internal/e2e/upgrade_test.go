@@ -99,7 +99,5 @@ func TestEdgeUpgradeInPlace(t *testing.T) {
 			t.Errorf("delete %s: %v", id, err)
 		}
 	}
-	if l := e.leaks(); len(l) > 0 {
-		t.Errorf("left on the node after deleting all: %v", l)
-	}
+	e.waitNoLeaks(t, "on the node after deleting all", nil)
 }

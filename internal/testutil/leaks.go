@@ -196,12 +196,13 @@ func (s *Server) cgroupDirs() []string {
 //
 // Some teardown finishes in the kernel after the call that started it
 // returned (a loop device with autoclear detaches after its last close; a
-// cgroup empties as the last processes are reaped), so what is found is
-// looked at again for a few seconds before it counts as left behind.
+// cgroup empties as the last processes are reaped; a destroyed sandbox's
+// directory waits in the trash until the edge removes it), so what is
+// found is looked at again for a while before it counts as left behind.
 func RequireNoSandboxLeft(t testing.TB, s *Server) {
 	t.Helper()
 	var leaks []string
-	Poll(10*time.Second, func() error {
+	Poll(30*time.Second, func() error {
 		if leaks = s.SandboxLeaks(); len(leaks) > 0 {
 			return notYet{}
 		}
