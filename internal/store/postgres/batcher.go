@@ -281,26 +281,31 @@ func (b *batcher) updateLoop() {
 // cannot fail on their own (a stale version changes no row), so no
 // savepoints: an error fails them all, and their callers learn it. They
 // run in sandbox id order (two of one sandbox in the order they came),
-// so that two replicas' groups lock shared rows in one order.
+// so that two replicas' groups lock shared rows in one order; one that
+// PostgreSQL aborted anyway (a node's sandboxes marked lost meanwhile, in
+// the table's order) runs again.
 func (b *batcher) runUpdates(batch []*updateOp) {
 	ctx := context.Background()
 	slices.SortStableFunc(batch, func(x, y *updateOp) int { return strings.Compare(x.id, y.id) })
-	err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-		var pb pgx.Batch
-		for _, op := range batch {
-			pb.Queue(sandboxUpdateLive, op.args...)
-		}
-		res := tx.SendBatch(ctx, &pb)
-		defer res.Close()
-		for _, op := range batch {
-			tag, err := res.Exec()
-			if err != nil {
-				return fmt.Errorf("update sandbox: %w", err)
+	var err error
+	for attempt := 0; attempt == 0 || (attempt < 3 && retryable(err)); attempt++ {
+		err = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+			var pb pgx.Batch
+			for _, op := range batch {
+				pb.Queue(sandboxUpdateLive, op.args...)
 			}
-			op.n = tag.RowsAffected()
-		}
-		return res.Close()
-	})
+			res := tx.SendBatch(ctx, &pb)
+			defer res.Close()
+			for _, op := range batch {
+				tag, err := res.Exec()
+				if err != nil {
+					return fmt.Errorf("update sandbox: %w", err)
+				}
+				op.n = tag.RowsAffected()
+			}
+			return res.Close()
+		})
+	}
 	for _, op := range batch {
 		op.err <- err
 	}
