@@ -281,9 +281,8 @@ func (b *batcher) updateLoop() {
 // cannot fail on their own (a stale version changes no row), so no
 // savepoints: an error fails them all, and their callers learn it. They
 // run in sandbox id order (two of one sandbox in the order they came),
-// so that two replicas' groups lock shared rows in one order; one that
-// PostgreSQL aborted anyway (a node's sandboxes marked lost meanwhile, in
-// the table's order) runs again.
+// so that two replicas' groups (and a node's sandboxes marked lost) lock
+// shared rows in one order; one that PostgreSQL aborted anyway runs again.
 func (b *batcher) runUpdates(batch []*updateOp) {
 	ctx := context.Background()
 	slices.SortStableFunc(batch, func(x, y *updateOp) int { return strings.Compare(x.id, y.id) })

@@ -157,7 +157,6 @@ var (
 	sandboxUpdateLive       = rebind(sqlstore.SandboxUpdateLive)
 	sandboxGet              = rebind(sqlstore.SandboxGet)
 	sandboxTouch            = rebind(sqlstore.SandboxTouch)
-	sandboxesLost           = rebind(sqlstore.SandboxesLost)
 	sandboxPurge            = rebind(sqlstore.SandboxPurge)
 	storedGet               = rebind(sqlstore.StoredGet + ` FOR UPDATE`)
 	nodeCharge              = rebind(sqlstore.NodeCharge)
@@ -181,6 +180,12 @@ var (
 	checkpointDrop          = rebind(sqlstore.CheckpointDrop)
 	checkpointDelete        = rebind(sqlstore.CheckpointDelete)
 )
+
+// sandboxesLost is sqlstore.SandboxesLost taking its rows' locks in id
+// order first, the order a group of live updates takes them in
+// (batcher.go).
+const sandboxesLost = `UPDATE sandboxes SET state = 'lost', version = version + 1 WHERE id IN (
+	SELECT id FROM sandboxes WHERE node = $1 AND state IN ('creating', 'running', 'paused') ORDER BY id FOR UPDATE)`
 
 func code(err error) string {
 	var pe *pgconn.PgError
