@@ -16,25 +16,26 @@ import (
 	"github.com/dsec-project/dsec/internal/testutil"
 )
 
-// fakeAgent serves h on a unix socket, closing connections idle for
-// idle (if not 0), and counts the connections it accepted.
-// closedConns counts the connections fake agents closed.
-var closedConns atomic.Int64
+// agentConns counts a fake agent's connections.
+type agentConns struct{ opened, closed atomic.Int64 }
 
-func fakeAgent(t *testing.T, idle time.Duration, h http.HandlerFunc) (*Client, *atomic.Int64) {
+// fakeAgent serves h on a unix socket, closing connections idle for
+// idle (if not 0), and counts its connections. The counts are its own: an
+// earlier test's server may still report its connections closed.
+func fakeAgent(t *testing.T, idle time.Duration, h http.HandlerFunc) (*Client, *agentConns) {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "a.sock")
 	l, err := net.Listen("unix", sock)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var conns atomic.Int64
+	var conns agentConns
 	srv := &http.Server{Handler: h, IdleTimeout: idle, ConnState: func(_ net.Conn, s http.ConnState) {
 		switch s {
 		case http.StateNew:
-			conns.Add(1)
+			conns.opened.Add(1)
 		case http.StateClosed:
-			closedConns.Add(1)
+			conns.closed.Add(1)
 		}
 	}}
 	go srv.Serve(l)
@@ -104,13 +105,13 @@ func TestInlineExecsKeepOneConnection(t *testing.T) {
 	if _, err := c.Exec(ctx, &api.ExecRequest{}); err == nil || !strings.Contains(err.Error(), "cmd is required") {
 		t.Fatalf("a refused exec: %v", err)
 	}
-	if n, d := conns.Load(), c.inline.dials; n != 1 || d != 1 {
+	if n, d := conns.opened.Load(), c.inline.dials; n != 1 || d != 1 {
 		t.Fatalf("52 execs and a refusal opened %d connections (%d dials), want 1", n, d)
 	}
 	if _, err := c.Health(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if n := conns.Load(); n != 2 {
+	if n := conns.opened.Load(); n != 2 {
 		t.Fatalf("after a health call %d connections, want 2 (execs' and the others')", n)
 	}
 }
@@ -126,19 +127,19 @@ func TestInlineExecAfterTheAgentClosedTheConnection(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for i := range 5 {
-		closed := closedConns.Load()
+		closed := conns.closed.Load()
 		if _, err := c.Exec(ctx, &api.ExecRequest{Cmd: []string{"true"}}); err != nil {
 			t.Fatalf("exec %d: %v", i, err)
 		}
 		// Past the idle timeout: the agent closes it.
 		testutil.Eventually(t, 30*time.Second, "the agent closed the idle connection", func() error {
-			if closedConns.Load() == closed {
+			if conns.closed.Load() == closed {
 				return errors.New("still open")
 			}
 			return nil
 		})
 	}
-	if n := conns.Load(); n != 5 {
+	if n := conns.opened.Load(); n != 5 {
 		t.Fatalf("%d connections, want one per exec", n)
 	}
 }
