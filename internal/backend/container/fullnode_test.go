@@ -241,10 +241,26 @@ func canonical(t *testing.T, p string) string {
 }
 
 // leaks lists what the backend's sandboxes left behind, once its trash
-// has removed what it was given.
+// has removed what it was given. Some teardown ends in the kernel after
+// the call that started it returned (a killed process still exiting, its
+// memory gone, in its cgroup), so what is found is looked at again for a
+// while before it counts.
 func leaks(t *testing.T, b *Backend, root, cgroupParent string) []string {
 	t.Helper()
 	b.trash.wait()
+	var out []string
+	testutil.Poll(30*time.Second, func() error {
+		if out = leaksNow(t, b, root, cgroupParent); len(out) > 0 {
+			return errors.New("something left")
+		}
+		return nil
+	})
+	return out
+}
+
+// leaksNow lists what the backend's sandboxes have left behind now.
+func leaksNow(t *testing.T, b *Backend, root, cgroupParent string) []string {
+	t.Helper()
 	var out []string
 	for _, mp := range mountsUnder(t, root) {
 		out = append(out, "mount "+mp)
